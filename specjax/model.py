@@ -1,0 +1,259 @@
+"""A Llama-family decoder as pure functions over explicit pytrees.
+
+`forward(params, tokens, cache, cfg, ...)` runs T new tokens per row at each row's own positions on
+top of a per-row KV cache and returns logits, the final (post-norm) hidden state, optionally the
+outputs of chosen layers, and the updated cache. Weights are stored in the Hugging Face [out, in]
+layout; layers are stacked on a leading L axis and run with `lax.scan`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.config import ModelConfig, rope_inv_freq
+from specjax.kv_cache import KVCache, write_rows
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LayerParams:
+  """Weights of all decoder layers, stacked on a leading L axis (shapes below omit it)."""
+
+  attn_norm: jax.Array  # [D]
+  wq: jax.Array  # [H*Dh, D]
+  wk: jax.Array  # [Hkv*Dh, D]
+  wv: jax.Array  # [Hkv*Dh, D]
+  wo: jax.Array  # [D, H*Dh]
+  mlp_norm: jax.Array  # [D]
+  w_gate: jax.Array  # [F, D]
+  w_up: jax.Array  # [F, D]
+  w_down: jax.Array  # [D, F]
+  bq: jax.Array | None = None  # [H*Dh] (qkv_bias only)
+  bk: jax.Array | None = None  # [Hkv*Dh]
+  bv: jax.Array | None = None  # [Hkv*Dh]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Params:
+  """All weights of a decoder. `lm_head` is None when the embedding is tied."""
+
+  embed: jax.Array  # [V, D]
+  layers: LayerParams
+  final_norm: jax.Array  # [D]
+  lm_head: jax.Array | None = None  # [V, D]
+
+
+# Logical axis names of every parameter, for sharding rules (`jax.sharding` / flax partitioning).
+LOGICAL_AXES = Params(
+    embed=("vocab", "embed"),
+    layers=LayerParams(
+        attn_norm=("layers", "embed"),
+        wq=("layers", "q_heads", "embed"),
+        wk=("layers", "kv_heads", "embed"),
+        wv=("layers", "kv_heads", "embed"),
+        wo=("layers", "embed", "q_heads"),
+        mlp_norm=("layers", "embed"),
+        w_gate=("layers", "mlp", "embed"),
+        w_up=("layers", "mlp", "embed"),
+        w_down=("layers", "embed", "mlp"),
+        bq=("layers", "q_heads"),
+        bk=("layers", "kv_heads"),
+        bv=("layers", "kv_heads"),
+    ),
+    final_norm=("embed",),
+    lm_head=("vocab", "embed"),
+)
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+  """The expected shape of every parameter (tuples), in the structure of `Params`."""
+  L, D, F, V = cfg.n_layers, cfg.d_model, cfg.ffn_dim, cfg.vocab_size
+  q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+  bias = cfg.qkv_bias
+  return Params(
+      embed=(V, D),
+      layers=LayerParams(
+          attn_norm=(L, D),
+          wq=(L, q, D),
+          wk=(L, kv, D),
+          wv=(L, kv, D),
+          wo=(L, D, q),
+          mlp_norm=(L, D),
+          w_gate=(L, F, D),
+          w_up=(L, F, D),
+          w_down=(L, D, F),
+          bq=(L, q) if bias else None,
+          bk=(L, kv) if bias else None,
+          bv=(L, kv) if bias else None,
+      ),
+      final_norm=(D,),
+      lm_head=None if cfg.tie_embeddings else (V, D),
+  )
+
+
+def init_params(key: jax.Array, cfg: ModelConfig, scale: float = 0.02) -> Params:
+  """Random weights for unit tests and for training draft models from scratch."""
+  shapes = param_shapes(cfg)
+  leaves, treedef = jax.tree.flatten(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  keys = jax.random.split(key, len(leaves))
+  rand = [(scale * jax.random.normal(k, s)).astype(cfg.jnp_dtype) for k, s in zip(keys, leaves)]
+  params = jax.tree.unflatten(treedef, rand)
+  lp = params.layers
+  ones = lambda a: jnp.ones_like(a)  # noqa: E731  (RMSNorm scales start at one)
+  layers = dataclasses.replace(lp, attn_norm=ones(lp.attn_norm), mlp_norm=ones(lp.mlp_norm))
+  return dataclasses.replace(params, layers=layers, final_norm=ones(params.final_norm))
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Output:
+  """What `forward` returns.
+
+  Attributes:
+    logits: [B, T', V] float32, T' = T or the number of `logit_positions`.
+    hidden: [B, T, D] final hidden state after the last RMSNorm (what the LM head reads).
+    layer_hidden: [n, B, T, D] outputs of the layers in `hidden_layers` (None if none requested).
+    cache: the cache with the T new keys/values written and lengths advanced by T.
+  """
+
+  logits: jax.Array
+  hidden: jax.Array
+  layer_hidden: jax.Array | None
+  cache: KVCache
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  """Rotate-half RoPE (HF layout). x: [B, T, h, Dh]; positions: [B, T]."""
+  ang = positions[..., None].astype(jnp.float32) * jnp.asarray(inv_freq)  # [B, T, Dh/2]
+  cos = jnp.concatenate([jnp.cos(ang)] * 2, -1)[:, :, None, :]
+  sin = jnp.concatenate([jnp.sin(ang)] * 2, -1)[:, :, None, :]
+  x32 = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], -1)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def attention_mask(lengths: jax.Array, T: int, S: int, new_mask: jax.Array | None) -> jax.Array:
+  """Which cache slots each new token may attend to: [B, T, S] bool.
+
+  New token t of row b is written at slot lengths[b] + t. It sees every slot before lengths[b]
+  and, among the new slots, those allowed by `new_mask[b, t, :]` (causal by default; an ancestor
+  mask for token trees).
+  """
+  if new_mask is None:
+    new_mask = jnp.tril(jnp.ones((T, T), bool))
+  new_mask = jnp.broadcast_to(new_mask, (lengths.shape[0], T, T))
+  slot = jnp.arange(S)[None, None, :]
+  rel = slot - lengths[:, None, None]  # index within the new block
+  in_new = (rel >= 0) & (rel < T)
+  rel_c = jnp.clip(rel, 0, T - 1)
+  allowed_new = jnp.take_along_axis(new_mask, jnp.broadcast_to(rel_c, (new_mask.shape[0], T, S)), 2)
+  return (rel < 0) | (in_new & allowed_new)
+
+
+def _layer(x, lp: LayerParams, k_all, v_all, layer_idx, positions, mask, lengths, cfg, inv_freq):
+  """One decoder layer on new tokens x [B, T, D]; writes this layer's K/V into the stacked cache."""
+  B, T, _ = x.shape
+  H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+  h = rms_norm(x, lp.attn_norm, cfg.norm_eps)
+  q = jnp.einsum("btd,fd->btf", h, lp.wq)
+  k = jnp.einsum("btd,fd->btf", h, lp.wk)
+  v = jnp.einsum("btd,fd->btf", h, lp.wv)
+  if lp.bq is not None:
+    q, k, v = q + lp.bq, k + lp.bk, v + lp.bv
+  q = apply_rope(q.reshape(B, T, H, Dh), positions, inv_freq)
+  k = apply_rope(k.reshape(B, T, Hkv, Dh), positions, inv_freq)
+  v = v.reshape(B, T, Hkv, Dh)
+
+  k_layer = write_rows(k_all[layer_idx], k, lengths)  # [B, S, Hkv, Dh]
+  v_layer = write_rows(v_all[layer_idx], v, lengths)
+  k_all = jax.lax.dynamic_update_index_in_dim(k_all, k_layer, layer_idx, 0)
+  v_all = jax.lax.dynamic_update_index_in_dim(v_all, v_layer, layer_idx, 0)
+
+  G = H // Hkv
+  qg = q.reshape(B, T, Hkv, G, Dh)
+  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_layer, preferred_element_type=jnp.float32)
+  scores = scores * (Dh**-0.5)
+  scores = jnp.where(mask[:, None, None], scores, -1e30)
+  probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+  attn = jnp.einsum("bkgts,bskd->btkgd", probs, v_layer).reshape(B, T, H * Dh)
+  x = x + jnp.einsum("btf,df->btd", attn, lp.wo)
+
+  h = rms_norm(x, lp.mlp_norm, cfg.norm_eps)
+  gate = jnp.einsum("btd,fd->btf", h, lp.w_gate)
+  up = jnp.einsum("btd,fd->btf", h, lp.w_up)
+  x = x + jnp.einsum("btf,df->btd", jax.nn.silu(gate) * up, lp.w_down)
+  return x, k_all, v_all
+
+
+def lm_head(params: Params, hidden: jax.Array) -> jax.Array:
+  """Logits [..., V] in float32 from final hidden states [..., D]."""
+  w = params.embed if params.lm_head is None else params.lm_head
+  return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
+
+
+def forward(
+    params: Params,
+    tokens: jax.Array,
+    cache: KVCache,
+    cfg: ModelConfig,
+    *,
+    positions: jax.Array | None = None,
+    new_mask: jax.Array | None = None,
+    hidden_layers: Sequence[int] = (),
+    logit_positions: jax.Array | None = None,
+) -> Output:
+  """Runs T new tokens per row on top of the cache.
+
+  Args:
+    params: model weights.
+    tokens: [B, T] int32 new tokens; row b's are written at slots cache.lengths[b] + [0, T).
+    cache: per-row KV cache; the caller guarantees lengths + T <= capacity.
+    cfg: static model config.
+    positions: [B, T] RoPE positions; default cache.lengths[:, None] + arange(T). Token trees pass
+      depths here while slots stay contiguous.
+    new_mask: optional [T, T] or [B, T, T] bool mask among the new tokens (default causal).
+    hidden_layers: indices of layers whose outputs to return in `layer_hidden` (static).
+    logit_positions: optional [B, n] indices into T; logits are computed only there.
+
+  Returns:
+    An `Output`; the cache's lengths are advanced by T (callers set them to what they commit).
+  """
+  B, T = tokens.shape
+  S = cache.capacity
+  lengths = cache.lengths
+  if positions is None:
+    positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  mask = attention_mask(lengths, T, S, new_mask)
+  inv_freq = rope_inv_freq(cfg)
+  x = params.embed[tokens].astype(cfg.jnp_dtype)
+
+  def body(carry, xs):
+    x, k_all, v_all = carry
+    lp, idx = xs
+    x, k_all, v_all = _layer(x, lp, k_all, v_all, idx, positions, mask, lengths, cfg, inv_freq)
+    return (x, k_all, v_all), (x if hidden_layers else None)
+
+  (x, k_all, v_all), per_layer = jax.lax.scan(
+      body, (x, cache.k, cache.v), (params.layers, jnp.arange(cfg.n_layers))
+  )
+  layer_hidden = per_layer[jnp.asarray(list(hidden_layers))] if hidden_layers else None
+  hidden = rms_norm(x, params.final_norm, cfg.norm_eps)
+  h_for_logits = hidden
+  if logit_positions is not None:
+    h_for_logits = jnp.take_along_axis(hidden, logit_positions[..., None], axis=1)
+  logits = lm_head(params, h_for_logits)
+  new_cache = KVCache(k_all, v_all, lengths + T)
+  return Output(logits, hidden, layer_hidden, new_cache)
