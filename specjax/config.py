@@ -93,20 +93,20 @@ class ModelConfig:
     if c.get("sliding_window") and c.get("use_sliding_window", not is_qwen):
       raise ValueError("sliding-window attention is not supported")
     return cls(
-        vocab_size=c["vocab_size"],
-        d_model=c["hidden_size"],
-        n_layers=c["num_hidden_layers"],
-        n_heads=n_heads,
-        n_kv_heads=c.get("num_key_value_heads", n_heads),
-        head_dim=head_dim,
-        ffn_dim=c["intermediate_size"],
-        rope_theta=float(rope_theta),
-        rope_scaling=scaling,
-        norm_eps=c.get("rms_norm_eps", 1e-6),
-        tie_embeddings=bool(c.get("tie_word_embeddings", False)),
-        qkv_bias=bool(c.get("attention_bias", is_qwen)),
-        max_position=c.get("max_position_embeddings", 2048),
-        dtype=dtype,
+      vocab_size=c["vocab_size"],
+      d_model=c["hidden_size"],
+      n_layers=c["num_hidden_layers"],
+      n_heads=n_heads,
+      n_kv_heads=c.get("num_key_value_heads", n_heads),
+      head_dim=head_dim,
+      ffn_dim=c["intermediate_size"],
+      rope_theta=float(rope_theta),
+      rope_scaling=scaling,
+      norm_eps=c.get("rms_norm_eps", 1e-6),
+      tie_embeddings=bool(c.get("tie_word_embeddings", False)),
+      qkv_bias=bool(c.get("attention_bias", is_qwen)),
+      max_position=c.get("max_position_embeddings", 2048),
+      dtype=dtype,
     )
 
   @classmethod

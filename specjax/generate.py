@@ -72,8 +72,8 @@ def check_capacity(prompt_width: int, max_new: int, extra: int, capacity: int) -
     return need
   if need > capacity:
     raise ValueError(
-        f"prompt (padded to {prompt_width} tokens) + max_new_tokens {max_new} + {extra} draft slots "
-        f"= {need} exceeds the cache capacity of {capacity} slots; shorten the prompt or raise capacity"
+      f"prompt (padded to {prompt_width} tokens) + max_new_tokens {max_new} + {extra} draft slots "
+      f"= {need} exceeds the cache capacity of {capacity} slots; shorten the prompt or raise capacity"
     )
   return capacity
 
@@ -103,14 +103,16 @@ def prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers=()) -> Pr
   """
   cache = init_cache(cfg, prompts.shape[0], capacity)
   out = forward(
-      params,
-      prompts,
-      cache,
-      cfg,
-      hidden_layers=hidden_layers,
-      logit_positions=(prompt_lens - 1)[:, None],
+    params,
+    prompts,
+    cache,
+    cfg,
+    hidden_layers=hidden_layers,
+    logit_positions=(prompt_lens - 1)[:, None],
   )
-  return Prefill(out.logits[:, 0], out.hidden, out.layer_hidden, out.cache.with_lengths(prompt_lens))
+  return Prefill(
+    out.logits[:, 0], out.hidden, out.layer_hidden, out.cache.with_lengths(prompt_lens)
+  )
 
 
 def init_sequence(prompts: jax.Array, prompt_lens: jax.Array, capacity: int) -> jax.Array:
@@ -180,13 +182,13 @@ def _generate(params, prompts, prompt_lens, budgets, key, cfg: ModelConfig, gen:
 
 
 def generate(
-    params: Params,
-    cfg: ModelConfig,
-    prompts: jax.Array,
-    prompt_lens: jax.Array,
-    gen: GenerateConfig,
-    key: jax.Array | None = None,
-    max_new_per_row: jax.Array | None = None,
+  params: Params,
+  cfg: ModelConfig,
+  prompts: jax.Array,
+  prompt_lens: jax.Array,
+  gen: GenerateConfig,
+  key: jax.Array | None = None,
+  max_new_per_row: jax.Array | None = None,
 ) -> GenerateOutput:
   """Generates up to `gen.max_new_tokens` tokens per row, the whole loop compiled.
 

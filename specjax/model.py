@@ -9,7 +9,7 @@ layout; layers are stacked on a leading L axis and run with `lax.scan`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -51,23 +51,23 @@ class Params:
 
 # Logical axis names of every parameter, for sharding rules (`jax.sharding` / flax partitioning).
 LOGICAL_AXES = Params(
-    embed=("vocab", "embed"),
-    layers=LayerParams(
-        attn_norm=("layers", "embed"),
-        wq=("layers", "q_heads", "embed"),
-        wk=("layers", "kv_heads", "embed"),
-        wv=("layers", "kv_heads", "embed"),
-        wo=("layers", "embed", "q_heads"),
-        mlp_norm=("layers", "embed"),
-        w_gate=("layers", "mlp", "embed"),
-        w_up=("layers", "mlp", "embed"),
-        w_down=("layers", "embed", "mlp"),
-        bq=("layers", "q_heads"),
-        bk=("layers", "kv_heads"),
-        bv=("layers", "kv_heads"),
-    ),
-    final_norm=("embed",),
-    lm_head=("vocab", "embed"),
+  embed=("vocab", "embed"),
+  layers=LayerParams(
+    attn_norm=("layers", "embed"),
+    wq=("layers", "q_heads", "embed"),
+    wk=("layers", "kv_heads", "embed"),
+    wv=("layers", "kv_heads", "embed"),
+    wo=("layers", "embed", "q_heads"),
+    mlp_norm=("layers", "embed"),
+    w_gate=("layers", "mlp", "embed"),
+    w_up=("layers", "mlp", "embed"),
+    w_down=("layers", "embed", "mlp"),
+    bq=("layers", "q_heads"),
+    bk=("layers", "kv_heads"),
+    bv=("layers", "kv_heads"),
+  ),
+  final_norm=("embed",),
+  lm_head=("vocab", "embed"),
 )
 
 
@@ -77,23 +77,23 @@ def param_shapes(cfg: ModelConfig) -> Params:
   q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
   bias = cfg.qkv_bias
   return Params(
-      embed=(V, D),
-      layers=LayerParams(
-          attn_norm=(L, D),
-          wq=(L, q, D),
-          wk=(L, kv, D),
-          wv=(L, kv, D),
-          wo=(L, D, q),
-          mlp_norm=(L, D),
-          w_gate=(L, F, D),
-          w_up=(L, F, D),
-          w_down=(L, D, F),
-          bq=(L, q) if bias else None,
-          bk=(L, kv) if bias else None,
-          bv=(L, kv) if bias else None,
-      ),
-      final_norm=(D,),
-      lm_head=None if cfg.tie_embeddings else (V, D),
+    embed=(V, D),
+    layers=LayerParams(
+      attn_norm=(L, D),
+      wq=(L, q, D),
+      wk=(L, kv, D),
+      wv=(L, kv, D),
+      wo=(L, D, q),
+      mlp_norm=(L, D),
+      w_gate=(L, F, D),
+      w_up=(L, F, D),
+      w_down=(L, D, F),
+      bq=(L, q) if bias else None,
+      bk=(L, kv) if bias else None,
+      bv=(L, kv) if bias else None,
+    ),
+    final_norm=(D,),
+    lm_head=None if cfg.tie_embeddings else (V, D),
   )
 
 
@@ -205,15 +205,15 @@ def lm_head(params: Params, hidden: jax.Array) -> jax.Array:
 
 
 def forward(
-    params: Params,
-    tokens: jax.Array,
-    cache: KVCache,
-    cfg: ModelConfig,
-    *,
-    positions: jax.Array | None = None,
-    new_mask: jax.Array | None = None,
-    hidden_layers: Sequence[int] = (),
-    logit_positions: jax.Array | None = None,
+  params: Params,
+  tokens: jax.Array,
+  cache: KVCache,
+  cfg: ModelConfig,
+  *,
+  positions: jax.Array | None = None,
+  new_mask: jax.Array | None = None,
+  hidden_layers: Sequence[int] = (),
+  logit_positions: jax.Array | None = None,
 ) -> Output:
   """Runs T new tokens per row on top of the cache.
 
@@ -247,7 +247,7 @@ def forward(
     return (x, k_all, v_all), (x if hidden_layers else None)
 
   (x, k_all, v_all), per_layer = jax.lax.scan(
-      body, (x, cache.k, cache.v), (params.layers, jnp.arange(cfg.n_layers))
+    body, (x, cache.k, cache.v), (params.layers, jnp.arange(cfg.n_layers))
   )
   layer_hidden = per_layer[jnp.asarray(list(hidden_layers))] if hidden_layers else None
   hidden = rms_norm(x, params.final_norm, cfg.norm_eps)

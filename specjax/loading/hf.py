@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 from safetensors import safe_open
@@ -27,8 +27,8 @@ def safetensors_files(directory: str) -> list[str]:
   bins = [f for f in os.listdir(directory) if f.endswith((".bin", ".pt", ".pth"))]
   if bins:
     raise CheckpointError(
-        f"{directory} holds only pickle checkpoints ({bins[0]}); specjax loads safetensors only. "
-        "Convert with safetensors first."
+      f"{directory} holds only pickle checkpoints ({bins[0]}); specjax loads safetensors only. "
+      "Convert with safetensors first."
     )
   raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {directory}")
 

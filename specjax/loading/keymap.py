@@ -8,7 +8,7 @@ fallback to random weights.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import jax.numpy as jnp
 import numpy as np
@@ -23,39 +23,39 @@ class CheckpointError(ValueError):
 
 # Our field -> checkpoint name ("{i}" is the layer index).
 HF_NAMES = {
-    "embed": "model.embed_tokens.weight",
-    "final_norm": "model.norm.weight",
-    "lm_head": "lm_head.weight",
-    "attn_norm": "model.layers.{i}.input_layernorm.weight",
-    "wq": "model.layers.{i}.self_attn.q_proj.weight",
-    "wk": "model.layers.{i}.self_attn.k_proj.weight",
-    "wv": "model.layers.{i}.self_attn.v_proj.weight",
-    "wo": "model.layers.{i}.self_attn.o_proj.weight",
-    "bq": "model.layers.{i}.self_attn.q_proj.bias",
-    "bk": "model.layers.{i}.self_attn.k_proj.bias",
-    "bv": "model.layers.{i}.self_attn.v_proj.bias",
-    "mlp_norm": "model.layers.{i}.post_attention_layernorm.weight",
-    "w_gate": "model.layers.{i}.mlp.gate_proj.weight",
-    "w_up": "model.layers.{i}.mlp.up_proj.weight",
-    "w_down": "model.layers.{i}.mlp.down_proj.weight",
+  "embed": "model.embed_tokens.weight",
+  "final_norm": "model.norm.weight",
+  "lm_head": "lm_head.weight",
+  "attn_norm": "model.layers.{i}.input_layernorm.weight",
+  "wq": "model.layers.{i}.self_attn.q_proj.weight",
+  "wk": "model.layers.{i}.self_attn.k_proj.weight",
+  "wv": "model.layers.{i}.self_attn.v_proj.weight",
+  "wo": "model.layers.{i}.self_attn.o_proj.weight",
+  "bq": "model.layers.{i}.self_attn.q_proj.bias",
+  "bk": "model.layers.{i}.self_attn.k_proj.bias",
+  "bv": "model.layers.{i}.self_attn.v_proj.bias",
+  "mlp_norm": "model.layers.{i}.post_attention_layernorm.weight",
+  "w_gate": "model.layers.{i}.mlp.gate_proj.weight",
+  "w_up": "model.layers.{i}.mlp.up_proj.weight",
+  "w_down": "model.layers.{i}.mlp.down_proj.weight",
 }
 
 GGUF_NAMES = {
-    "embed": "token_embd.weight",
-    "final_norm": "output_norm.weight",
-    "lm_head": "output.weight",
-    "attn_norm": "blk.{i}.attn_norm.weight",
-    "wq": "blk.{i}.attn_q.weight",
-    "wk": "blk.{i}.attn_k.weight",
-    "wv": "blk.{i}.attn_v.weight",
-    "wo": "blk.{i}.attn_output.weight",
-    "bq": "blk.{i}.attn_q.bias",
-    "bk": "blk.{i}.attn_k.bias",
-    "bv": "blk.{i}.attn_v.bias",
-    "mlp_norm": "blk.{i}.ffn_norm.weight",
-    "w_gate": "blk.{i}.ffn_gate.weight",
-    "w_up": "blk.{i}.ffn_up.weight",
-    "w_down": "blk.{i}.ffn_down.weight",
+  "embed": "token_embd.weight",
+  "final_norm": "output_norm.weight",
+  "lm_head": "output.weight",
+  "attn_norm": "blk.{i}.attn_norm.weight",
+  "wq": "blk.{i}.attn_q.weight",
+  "wk": "blk.{i}.attn_k.weight",
+  "wv": "blk.{i}.attn_v.weight",
+  "wo": "blk.{i}.attn_output.weight",
+  "bq": "blk.{i}.attn_q.bias",
+  "bk": "blk.{i}.attn_k.bias",
+  "bv": "blk.{i}.attn_v.bias",
+  "mlp_norm": "blk.{i}.ffn_norm.weight",
+  "w_gate": "blk.{i}.ffn_gate.weight",
+  "w_up": "blk.{i}.ffn_up.weight",
+  "w_down": "blk.{i}.ffn_down.weight",
 }
 
 # Checkpoint entries that carry no weights we need (e.g. precomputed RoPE tables).
@@ -65,10 +65,10 @@ Transform = Callable[[str, np.ndarray], np.ndarray]
 
 
 def build_params(
-    tensors: Iterable[tuple[str, np.ndarray]],
-    cfg: ModelConfig,
-    names: dict[str, str],
-    transform: Transform | None = None,
+  tensors: Iterable[tuple[str, np.ndarray]],
+  cfg: ModelConfig,
+  names: dict[str, str],
+  transform: Transform | None = None,
 ) -> Params:
   """Builds `Params` from (name, array) pairs, strictly.
 
@@ -126,8 +126,8 @@ def build_params(
       stack = np.stack([seen[names[field].format(i=i)] for i in range(cfg.n_layers)])
       layer_fields[field] = jnp.asarray(stack, dtype)
   return Params(
-      embed=jnp.asarray(seen[names["embed"]], dtype),
-      layers=LayerParams(**layer_fields),
-      final_norm=jnp.asarray(seen[names["final_norm"]], dtype),
-      lm_head=None if cfg.tie_embeddings else jnp.asarray(seen[names["lm_head"]], dtype),
+    embed=jnp.asarray(seen[names["embed"]], dtype),
+    layers=LayerParams(**layer_fields),
+    final_norm=jnp.asarray(seen[names["final_norm"]], dtype),
+    lm_head=None if cfg.tie_embeddings else jnp.asarray(seen[names["lm_head"]], dtype),
   )
