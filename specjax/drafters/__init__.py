@@ -1,0 +1,19 @@
+"""Drafters: pure-function proposal mechanisms that plug into the speculative decode loop."""
+
+from specjax.drafters.base import Drafter, Proposal, StepResult
+from specjax.drafters.draft_model import (
+  DraftModelDrafter,
+  VocabularyMismatchError,
+  check_same_vocabulary,
+)
+from specjax.drafters.prompt_lookup import PromptLookupDrafter
+
+__all__ = [
+  "Drafter",
+  "Proposal",
+  "StepResult",
+  "DraftModelDrafter",
+  "VocabularyMismatchError",
+  "check_same_vocabulary",
+  "PromptLookupDrafter",
+]

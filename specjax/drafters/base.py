@@ -1,0 +1,89 @@
+"""The drafter protocol every speculative method implements.
+
+A drafter is a static, hashable object (its configuration) plus a state pytree; it holds no Python
+state. The decode loop calls, inside one compiled `lax.while_loop`:
+
+    state = drafter.init(params, prefill, prompts, prompt_lens, capacity)
+    proposal = drafter.propose(params, state, seq, seq_len, key, sampling)
+    ... target verifies proposal.tokens, the acceptance rule picks n_accepted per row ...
+    state = drafter.commit(params, proposal.state, seq, seq_len, step)
+
+`seq` [B, S] holds each row's prompt and generated tokens and `seq_len` [B] how many are valid; the
+last valid token has not yet been fed to the target (its K/V are written by the next verify pass).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol
+
+import jax
+
+from specjax.sampling import SamplingConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Proposal:
+  """K drafted tokens per row.
+
+  Attributes:
+    tokens: [B, K] int32 drafted tokens.
+    logq: [B, K, V] float32 log of the drafter's processed distribution each token was drawn from,
+      or None for a deterministic proposal (a point mass, e.g. prompt lookup).
+    n_drafted: [B] int32 <= K, how many of the K tokens are real proposals; acceptance stops there.
+    state: the drafter state after proposing.
+  """
+
+  tokens: jax.Array
+  logq: jax.Array | None
+  n_drafted: jax.Array
+  state: Any
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+  """What the loop tells a drafter after verification.
+
+  Attributes:
+    prev_seq_len: [B] sequence lengths before this step.
+    n_accepted: [B] drafted tokens the rule accepted.
+    n_committed: [B] tokens appended to the sequence this step (accepted drafts that survived stop
+      and budget truncation, plus the correction/bonus token); 0 for finished rows.
+    hidden: [B, K + 1, D] the target's final hidden states at the verified positions (position 0
+      is the previously last token, position i the i-th drafted token).
+  """
+
+  prev_seq_len: jax.Array
+  n_accepted: jax.Array
+  n_committed: jax.Array
+  hidden: jax.Array
+
+
+class Drafter(Protocol):
+  """Structural type of a drafter (see the module docstring for the call order)."""
+
+  k: int
+
+  def init(
+    self, params: Any, prefill: Any, prompts: jax.Array, prompt_lens: jax.Array, capacity: int
+  ) -> Any: ...
+
+  def propose(
+    self,
+    params: Any,
+    state: Any,
+    seq: jax.Array,
+    seq_len: jax.Array,
+    key: jax.Array,
+    sampling: SamplingConfig,
+  ) -> Proposal: ...
+
+  def commit(
+    self, params: Any, state: Any, seq: jax.Array, seq_len: jax.Array, step: StepResult
+  ) -> Any: ...
+
+  def capacity_slack(self) -> int:
+    """Extra cache/sequence slots the drafter writes past seq_len (beyond the K + 1 of verify)."""
+    ...

@@ -1,0 +1,98 @@
+"""A separate small draft model (Leviathan et al. 2023; Chen et al. 2023).
+
+Any Llama-family model sharing the target's vocabulary, with its own per-row cache. Invariant at
+each propose: the draft cache holds seq[:c] with c in {seq_len - 2, seq_len - 1}; the first draft
+step feeds the two-token window seq[c : c + 2] (the second slot is junk when c = seq_len - 1 and is
+overwritten later), so no step is wasted re-feeding the last accepted draft after a full accept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.config import ModelConfig
+from specjax.drafters.base import Proposal, StepResult
+from specjax.kv_cache import KVCache, init_cache, read_rows
+from specjax.model import forward
+from specjax.sampling import SamplingConfig
+
+
+class VocabularyMismatchError(ValueError):
+  """Draft and target do not share a vocabulary."""
+
+
+def check_same_vocabulary(
+  target_cfg: ModelConfig, draft_cfg: ModelConfig, target_tok=None, draft_tok=None
+):
+  """Raises `VocabularyMismatchError` unless the two models can exchange token ids."""
+  if target_cfg.vocab_size != draft_cfg.vocab_size:
+    raise VocabularyMismatchError(
+      f"draft vocabulary has {draft_cfg.vocab_size} tokens but the target's has "
+      f"{target_cfg.vocab_size}; a draft model must share the target's tokenizer"
+    )
+  if target_tok is not None and draft_tok is not None:
+    if target_tok.vocab() != draft_tok.vocab():
+      raise VocabularyMismatchError("draft and target tokenizers map tokens to different ids")
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftModelDrafter:
+  """Autoregressive drafting with a small LM.
+
+  Attributes:
+    cfg: the draft model's config.
+    k: draft length K.
+  """
+
+  cfg: ModelConfig
+  k: int = 4
+
+  def capacity_slack(self) -> int:
+    return 1  # the junk slot of the two-token catch-up window
+
+  def init(self, params, prefill, prompts, prompt_lens, capacity: int) -> KVCache:
+    """Prefills the draft cache with the prompts (everything but the target's first token)."""
+    del prefill
+    cache = init_cache(self.cfg, prompts.shape[0], capacity)
+    first = jnp.zeros((prompts.shape[0], 1), jnp.int32)
+    out = forward(params, prompts, cache, self.cfg, logit_positions=first)
+    return out.cache.with_lengths(prompt_lens)
+
+  def propose(
+    self, params, cache: KVCache, seq, seq_len, key, sampling: SamplingConfig
+  ) -> Proposal:
+    B = seq.shape[0]
+    keys = jax.random.split(key, self.k)
+    c = cache.lengths
+    window = read_rows(seq, c, 2)  # [B, 2]
+    out = forward(params, window, cache, self.cfg, logit_positions=(seq_len - 1 - c)[:, None])
+    logq0 = sampling.logprobs(out.logits[:, 0])
+    tok0 = _draw(keys[0], logq0, sampling)
+    cache = out.cache.with_lengths(seq_len)
+
+    def step(carry, key):
+      cache, tok = carry
+      out = forward(params, tok[:, None], cache, self.cfg)
+      logq = sampling.logprobs(out.logits[:, 0])
+      nxt = _draw(key, logq, sampling)
+      return (out.cache, nxt), (nxt, logq)
+
+    (cache, _), (toks, logqs) = jax.lax.scan(step, (cache, tok0), keys[1:])
+    tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], 1)  # [B, K]
+    logq = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)  # [B, K, V]
+    return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), cache)
+
+  def commit(self, params, cache: KVCache, seq, seq_len, step: StepResult) -> KVCache:
+    # Valid draft entries: everything before the drafts, plus accepted drafts d_1..d_{K-1}
+    # (d_K was drawn but never fed). Finished rows (n_committed = 0) keep seq_len - 1.
+    valid = step.prev_seq_len + jnp.minimum(step.n_committed - 1, self.k - 1)
+    return cache.with_lengths(valid)
+
+
+def _draw(key, logq, sampling: SamplingConfig):
+  if sampling.greedy:
+    return jnp.argmax(logq, -1).astype(jnp.int32)
+  return jax.random.categorical(key, logq, -1).astype(jnp.int32)
