@@ -20,8 +20,15 @@ INSTALL_REQUIRES = [
 
 EXTRAS_REQUIRE = {
     # Reference implementation for parity tests and peer benchmarks. torch 2.13.0 is the CPU wheel.
-    "reference": ["torch==2.13.0", "transformers==5.24.0"],
-    "test": ["pytest>=8", "ruff>=0.6", "scipy>=1.11", "torch==2.13.0", "transformers==5.24.0"],
+    "reference": ["torch==2.13.0", "transformers==5.24.0", "accelerate==1.15.0"],
+    "test": [
+        "pytest>=8",
+        "ruff>=0.6",
+        "scipy>=1.11",
+        "torch==2.13.0",
+        "transformers==5.24.0",
+        "accelerate==1.15.0",  # transformers needs it to load GGUF files
+    ],
 }
 
 setup(
