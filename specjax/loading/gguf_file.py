@@ -45,6 +45,11 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
   return w.reshape(n_head, 2, rows // n_head // 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
 
 
+def _f32(x: float) -> float:
+  """A float32 metadata value as the shortest decimal that rounds to it (1e-5, not 9.99999975e-6)."""
+  return float(str(np.float32(x)))
+
+
 def config_from_gguf(reader: Any, dtype: str = "float32") -> ModelConfig:
   """Builds a `ModelConfig` from the `{arch}.*` metadata of an open `gguf.GGUFReader`.
 
@@ -80,7 +85,7 @@ def config_from_gguf(reader: Any, dtype: str = "float32") -> ModelConfig:
   if kind not in (None, "none"):
     if kind != "linear":
       raise CheckpointError(f"GGUF RoPE scaling type {kind!r} is not supported (only 'linear')")
-    scaling = (("factor", float(need("rope.scaling.factor"))), ("rope_type", "linear"))
+    scaling = (("factor", _f32(need("rope.scaling.factor"))), ("rope_type", "linear"))
 
   vocab = read_metadata(reader, f"{arch}.vocab_size")
   if vocab is None:
@@ -96,9 +101,9 @@ def config_from_gguf(reader: Any, dtype: str = "float32") -> ModelConfig:
     n_kv_heads=n_kv_heads,
     head_dim=head_dim,
     ffn_dim=int(need("feed_forward_length")),
-    rope_theta=float(read_metadata(reader, f"{arch}.rope.freq_base", 10000.0)),
+    rope_theta=_f32(read_metadata(reader, f"{arch}.rope.freq_base", 10000.0)),
     rope_scaling=scaling,
-    norm_eps=float(need("attention.layer_norm_rms_epsilon")),
+    norm_eps=_f32(need("attention.layer_norm_rms_epsilon")),
     tie_embeddings="output.weight" not in names,
     qkv_bias="blk.0.attn_q.bias" in names,
     max_position=int(read_metadata(reader, f"{arch}.context_length", 2048)),

@@ -30,6 +30,9 @@ from specjax.loading.hf import load_hf, save_hf
 from specjax.model import Params
 from specjax.tokenizer import Tokenizer
 
+# Bump when the converted layout changes; caches written by another version are rebuilt.
+CONVERTER_VERSION = 2
+
 
 class ModelUnavailableError(RuntimeError):
   """A named model is neither cached nor downloadable from here."""
@@ -173,15 +176,28 @@ def _convert(entry: NamedModel, directory: str) -> None:
     save_hf(tmp, params, cfg)
     tok.save(tmp)
     with open(os.path.join(tmp, "specjax_source.json"), "w") as f:
-      json.dump({**dataclasses.asdict(entry), "gguf_sha256": _sha256(src)}, f, indent=2)
+      source = {**dataclasses.asdict(entry), "gguf_sha256": _sha256(src)}
+      json.dump({**source, "converter_version": CONVERTER_VERSION}, f, indent=2)
     for path in [tmp, *(os.path.join(tmp, f) for f in os.listdir(tmp))]:
       os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
     if os.path.exists(directory):
-      shutil.rmtree(directory)
-    os.replace(tmp, directory)
+      shutil.rmtree(directory, ignore_errors=True)
+    try:
+      os.replace(tmp, directory)
+    except OSError:
+      if not _is_current(directory):  # lost a race with another converter only if it finished
+        raise
   finally:
     if os.path.exists(tmp):
       shutil.rmtree(tmp)
+
+
+def _is_current(directory: str) -> bool:
+  try:
+    with open(os.path.join(directory, "specjax_source.json")) as f:
+      return json.load(f).get("converter_version") == CONVERTER_VERSION
+  except (OSError, ValueError):
+    return False
 
 
 def load_named(name: str, dtype: str = "float32") -> tuple[Params, ModelConfig, Tokenizer]:
@@ -200,7 +216,7 @@ def load_named(name: str, dtype: str = "float32") -> tuple[Params, ModelConfig, 
   """
   entry = _entry(name)
   directory = converted_dir(name)
-  if not os.path.exists(os.path.join(directory, "specjax_source.json")):
+  if not _is_current(directory):
     os.makedirs(cache_root(), exist_ok=True)
     _convert(entry, directory)
   params, cfg = load_hf(directory, dtype=dtype)
