@@ -1,0 +1,28 @@
+"""A separate draft model against the AR baseline on Spec-Bench, greedy, batch 1.
+
+No smaller model with SmolLM2's vocabulary can be downloaded here, so by default the draft is the
+target's own first 8 of 30 layers followed by its final norm and LM head, untrained (an early-exit
+draft that shares the vocabulary by construction). Point `drafter.model` at any Llama-family
+checkpoint with the target's tokenizer (registry name, Hugging Face directory or .gguf) and set
+`drafter.n_layers=0` to use a real draft model.
+
+Commands (from the repository root):
+
+  python experiments/run.py --config=configs/draft_model.py:small --workdir=/tmp/specjax_dm_small
+  python experiments/run.py --config=configs/draft_model.py --workdir=/tmp/specjax_dm
+  python experiments/run.py --config=configs/draft_model.py:small --workdir=/tmp/specjax_dm_own \
+    --config.drafter.model=/path/to/draft_dir --config.drafter.n_layers=0
+"""
+
+import ml_collections
+
+from specjax.experiment.settings import apply_variant, base_config
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  config = base_config()
+  config.method = "draft_model"
+  config.drafter.k = 4
+  config.drafter.model = ""  # "" = the target's checkpoint
+  config.drafter.n_layers = 8
+  return apply_variant(config, arg)

@@ -1,0 +1,147 @@
+"""Experiment configuration: the ml_collections base config and the typed settings built from it.
+
+Config files under `configs/` start from `base_config()` and change a few fields; the entry point
+turns the (locked, possibly overridden) ConfigDict into an `ExperimentSettings`, and library code
+only ever sees that frozen object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_collections
+
+from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES
+from specjax.generate import GenerateConfig
+from specjax.sampling import SamplingConfig
+
+METHODS = ("ar", "prompt_lookup", "draft_model")
+RULE_NAMES = ("auto", "greedy", "speculative", "typical")
+
+
+def base_config() -> ml_collections.ConfigDict:
+  """Every field an experiment has, with defaults; config files override some of them."""
+  c = ml_collections.ConfigDict()
+  c.model = "smollm2-135m-instruct"  # registry name, Hugging Face directory or .gguf file
+  c.dtype = "float32"
+  c.method = "prompt_lookup"  # one of METHODS; "ar" times the baseline alone
+  c.rule = "auto"  # auto: greedy at temperature 0, speculative sampling otherwise
+  c.drafter = ml_collections.ConfigDict()
+  c.drafter.k = 4  # draft length K
+  c.drafter.max_ngram = 3  # prompt lookup: longest suffix matched first
+  c.drafter.min_ngram = 1  # prompt lookup: shortest suffix tried
+  c.drafter.model = ""  # draft model: registry name, directory or .gguf ("" = the target's spec)
+  c.drafter.n_layers = 0  # draft model: keep only its first n layers (0 = all)
+  c.sampling = ml_collections.ConfigDict()
+  c.sampling.temperature = 0.0
+  c.sampling.top_k = 0
+  c.sampling.top_p = 1.0
+  c.max_new_tokens = 128
+  c.data = ml_collections.ConfigDict()
+  c.data.categories = ",".join(SPEC_BENCH_CATEGORIES)
+  c.data.per_category = 80  # first n prompts of each category (Spec-Bench has 80)
+  c.data.turns = 2  # MT-bench turns to run (1 or 2)
+  c.prompt_bucket = 64  # prompts are padded to max(bucket, next power of two): few compiled shapes
+  c.seed = 0
+  return c
+
+
+@dataclasses.dataclass(frozen=True)
+class DrafterSettings:
+  """How to build the drafter (fields unused by a method are ignored)."""
+
+  k: int = 4
+  max_ngram: int = 3
+  min_ngram: int = 1
+  model: str = ""
+  n_layers: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentSettings:
+  """A validated, immutable experiment description."""
+
+  model: str
+  dtype: str
+  method: str
+  rule: str
+  drafter: DrafterSettings
+  sampling: SamplingConfig
+  max_new_tokens: int
+  categories: tuple[str, ...]
+  per_category: int
+  turns: int
+  prompt_bucket: int
+  seed: int
+
+  def generate_config(self, stop_tokens: tuple[int, ...]) -> GenerateConfig:
+    return GenerateConfig(self.max_new_tokens, self.sampling, tuple(stop_tokens))
+
+  def as_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSettings:
+  """Validates a ConfigDict and freezes it into `ExperimentSettings`.
+
+  Raises:
+    ValueError: for an unknown method, rule or category, or an out-of-range number.
+  """
+  if config.method not in METHODS:
+    raise ValueError(f"config.method must be one of {METHODS}, got {config.method!r}")
+  if config.rule not in RULE_NAMES:
+    raise ValueError(f"config.rule must be one of {RULE_NAMES}, got {config.rule!r}")
+  categories = tuple(c.strip() for c in config.data.categories.split(",") if c.strip())
+  unknown = sorted(set(categories) - set(SPEC_BENCH_CATEGORIES))
+  if unknown or not categories:
+    raise ValueError(
+      f"config.data.categories: unknown {unknown or 'empty list'}; "
+      f"choose from {','.join(SPEC_BENCH_CATEGORIES)}"
+    )
+  if config.max_new_tokens < 1 or config.data.per_category < 1 or config.drafter.k < 1:
+    raise ValueError("max_new_tokens, data.per_category and drafter.k must be >= 1")
+  if config.data.turns not in (1, 2):
+    raise ValueError(f"config.data.turns must be 1 or 2, got {config.data.turns}")
+  s = config.sampling
+  return ExperimentSettings(
+    model=config.model,
+    dtype=config.dtype,
+    method=config.method,
+    rule=config.rule,
+    drafter=DrafterSettings(**config.drafter.to_dict()),
+    sampling=SamplingConfig(float(s.temperature), int(s.top_k), float(s.top_p)),
+    max_new_tokens=int(config.max_new_tokens),
+    categories=categories,
+    per_category=int(config.data.per_category),
+    turns=int(config.data.turns),
+    prompt_bucket=int(config.prompt_bucket),
+    seed=int(config.seed),
+  )
+
+
+VARIANTS = ("", "full", "small")
+
+
+def apply_variant(config: ml_collections.ConfigDict, arg: str) -> ml_collections.ConfigDict:
+  """Applies the size variant named by a config file's argument ("" or "full": all prompts).
+
+  "small": the first 2 prompts of each category and 64 new tokens, a few minutes on 2 CPU cores.
+  """
+  if arg not in VARIANTS:
+    raise ValueError(f"unknown config variant {arg!r}; choose from {VARIANTS[1:]}")
+  if arg == "small":
+    config.data.per_category = 2
+    config.max_new_tokens = 64
+  return config
+
+
+def field_names(config: ml_collections.ConfigDict | None = None, prefix: str = "") -> list[str]:
+  """Dotted names of every leaf field, e.g. "drafter.k" (for error messages and docs)."""
+  config = base_config() if config is None else config
+  names = []
+  for key, value in config.items():
+    if isinstance(value, ml_collections.ConfigDict):
+      names += field_names(value, f"{prefix}{key}.")
+    else:
+      names.append(prefix + key)
+  return names
