@@ -34,7 +34,7 @@ def check_same_vocabulary(
       f"{target_cfg.vocab_size}; a draft model must share the target's tokenizer"
     )
   if target_tok is not None and draft_tok is not None:
-    if target_tok.vocab() != draft_tok.vocab():
+    if target_tok.backend.get_vocab() != draft_tok.backend.get_vocab():
       raise VocabularyMismatchError("draft and target tokenizers map tokens to different ids")
 
 
