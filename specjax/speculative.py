@@ -50,6 +50,11 @@ class SpecOutput:
   metrics: SpecMetrics
 
 
+def hidden_layers_of(drafter) -> tuple[int, ...]:
+  """Target layers a drafter consumes (its optional `hidden_layers` attribute)."""
+  return tuple(getattr(drafter, "hidden_layers", ()))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class _SpecState:
@@ -79,7 +84,7 @@ def _spec_step(
   prop = drafter.propose(draft_params, s.draft_state, s.seq, s.seq_len, k_draft, gen.sampling)
   last = jnp.take_along_axis(s.seq, (s.seq_len - 1)[:, None], 1)
   verify_tokens = jnp.concatenate([last, prop.tokens], 1)  # [B, K + 1]
-  out = forward(params, verify_tokens, s.cache, cfg)
+  out = forward(params, verify_tokens, s.cache, cfg, hidden_layers=hidden_layers_of(drafter))
   logp = gen.sampling.logprobs(out.logits)  # [B, K + 1, V]
   rule_keys = jax.random.split(k_rule, B)
   in_q = None if prop.logq is None else 0
@@ -97,7 +102,7 @@ def _spec_step(
   committed = jnp.arange(cand.shape[1])[None, :] < m[:, None]
   hit_stop = jnp.any(is_stop(cand, gen.stop_tokens) & committed, 1)
   done = s.done | hit_stop | (seq_len - prompt_lens >= budgets)
-  step = StepResult(s.seq_len, n_acc, m, out.hidden)
+  step = StepResult(s.seq_len, n_acc, m, out.hidden, out.layer_hidden)
   draft_state = drafter.commit(draft_params, prop.state, seq, seq_len, step)
   metrics = s.metrics.update(live, prop.n_drafted, n_acc, m)
   return _SpecState(
@@ -109,7 +114,7 @@ def _spec_step(
 def _speculative(params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen):
   B, Tp = prompts.shape
   capacity = gen.capacity or Tp + gen.max_new_tokens + drafter.k + 1 + drafter.capacity_slack()
-  pre = prefill(params, cfg, prompts, prompt_lens, capacity)
+  pre = prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers_of(drafter))
   key, sub = jax.random.split(key)
   first = gen.sampling.sample(sub, pre.logits)
   seq = init_sequence(prompts, prompt_lens, capacity)

@@ -53,18 +53,24 @@ class StepResult:
       and budget truncation, plus the correction/bonus token); 0 for finished rows.
     hidden: [B, K + 1, D] the target's final hidden states at the verified positions (position 0
       is the previously last token, position i the i-th drafted token).
+    layer_hidden: [n, B, K + 1, D] outputs of the target layers named by the drafter's
+      `hidden_layers` at the same positions, or None when it names none.
   """
 
   prev_seq_len: jax.Array
   n_accepted: jax.Array
   n_committed: jax.Array
   hidden: jax.Array
+  layer_hidden: jax.Array | None = None
 
 
 class Drafter(Protocol):
   """Structural type of a drafter (see the module docstring for the call order)."""
 
   k: int
+  # Target layers whose outputs the drafter consumes (EAGLE-3); () for none. The loop requests them
+  # in prefill and verify and hands them over in `Prefill.layer_hidden` / `StepResult.layer_hidden`.
+  hidden_layers: tuple[int, ...]
 
   def init(
     self, params: Any, prefill: Any, prompts: jax.Array, prompt_lens: jax.Array, capacity: int
