@@ -1,0 +1,343 @@
+"""The experiment harness: Spec-Bench parsing, configs and overrides, the resumable runner, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+import tokenizers
+from absl import flags
+from ml_collections import config_flags
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from toy_models import tiny_config
+
+from specjax.experiment import runner as runner_lib
+from specjax.experiment import tables, tasks
+from specjax.experiment.methods import Target, build_method, truncate_layers
+from specjax.experiment.settings import base_config, settings_from_config
+from specjax.loading.hf import save_hf
+from specjax.model import init_params
+from specjax.tokenizer import Tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHAT = (
+  "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+QUESTIONS = [
+  {"question_id": 1, "category": "writing", "turns": ["Write a poem.", "Shorter, please."]},
+  {"question_id": 2, "category": "roleplay", "turns": ["Be a pirate.", "Say hello."]},
+  {"question_id": 3, "category": "qa", "turns": ["Who wrote Hamlet?"]},
+  {"question_id": 4, "category": "qa", "turns": ["Where is Paris?"]},
+  {"question_id": 5, "category": "qa", "turns": ["What is two plus two?"]},
+  {"question_id": 6, "category": "summarization", "turns": ["Summarize: a cat sat on a mat."]},
+]
+
+
+def byte_tokenizer() -> Tokenizer:
+  """Byte-level tokenizer (256 byte tokens, no merges) with two chat control tokens."""
+  vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+  tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens([AddedToken(t, special=True) for t in ("<|im_start|>", "<|im_end|>")])
+  return Tokenizer(tok, eos_id=tok.token_to_id("<|im_end|>"), chat_template=CHAT)
+
+
+@pytest.fixture(scope="module")
+def target() -> Target:
+  tok = byte_tokenizer()
+  cfg = tiny_config(vocab=tok.vocab_size, d_model=32, n_layers=2, max_position=512)
+  return Target(init_params(jax.random.PRNGKey(0), cfg, scale=0.5), cfg, tok, "tiny")
+
+
+@pytest.fixture
+def spec_bench(tmp_path) -> str:
+  path = tmp_path / "question.jsonl"
+  path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+  return str(path)
+
+
+def small_settings(**overrides):
+  c = base_config()
+  c.max_new_tokens = 6
+  c.drafter.k = 3
+  c.data.categories = "mt_bench,qa"
+  for key, value in overrides.items():
+    node = c
+    *path, leaf = key.split(".")
+    for p in path:
+      node = node[p]
+    node[leaf] = value
+  return settings_from_config(c)
+
+
+def make_runner(target, settings, log=lambda s: None):
+  method = build_method(settings, target)
+  gen = settings.generate_config(target.tokenizer.stop_ids)
+  return runner_lib.Runner(target, [method] if method else [], gen, bucket=64, log=log)
+
+
+# ---- task suites --------------------------------------------------------------------------------
+
+
+def test_spec_bench_categories_and_turns(spec_bench):
+  prompts = tasks.load_spec_bench(spec_bench, ("qa", "mt_bench"), per_category=2, turns=2)
+  assert [(p.category, p.prompt_id) for p in prompts] == [
+    ("qa", 3),
+    ("qa", 4),
+    ("mt_bench", 1),
+    ("mt_bench", 2),
+  ]
+  assert prompts[2].turns == ("Write a poem.", "Shorter, please.")
+  one_turn = tasks.load_spec_bench(spec_bench, ("mt_bench",), turns=1)
+  assert all(len(p.turns) == 1 for p in one_turn)
+
+
+def test_spec_bench_errors(tmp_path, spec_bench):
+  with pytest.raises(ValueError, match="no questions in categories \\['rag'\\]"):
+    tasks.load_spec_bench(spec_bench, ("qa", "rag"))
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps({"question_id": 1, "category": "poetry", "turns": ["x"]}) + "\n")
+  with pytest.raises(ValueError, match="bad.jsonl:1: .*poetry"):
+    tasks.load_spec_bench(str(bad))
+
+
+def test_find_spec_bench(monkeypatch, spec_bench, tmp_path):
+  assert tasks.find_spec_bench(spec_bench) == spec_bench
+  monkeypatch.setenv(tasks.SPEC_BENCH_ENV, spec_bench)
+  assert tasks.find_spec_bench("") == spec_bench
+  with pytest.raises(FileNotFoundError, match="--spec_bench"):
+    tasks.find_spec_bench(str(tmp_path / "missing.jsonl"))
+
+
+def test_conversation_interleaves_answers():
+  msgs = tasks.conversation(["a", "b"], ["A"])
+  assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
+  assert msgs[1]["content"] == "A"
+  with pytest.raises(ValueError):
+    tasks.conversation(["a", "b"], [])
+
+
+def test_real_spec_bench_file_has_six_categories_of_80():
+  try:
+    path = tasks.find_spec_bench()
+  except FileNotFoundError as e:
+    pytest.skip(f"Spec-Bench question.jsonl is not available here: {e}")
+  prompts = tasks.load_spec_bench(path)
+  counts = {c: sum(p.category == c for p in prompts) for c in tasks.SPEC_BENCH_CATEGORIES}
+  assert counts == dict.fromkeys(tasks.SPEC_BENCH_CATEGORIES, 80)
+  assert sum(len(p.turns) == 2 for p in prompts) == 80  # the MT-bench questions
+
+
+# ---- configs ------------------------------------------------------------------------------------
+
+
+def parse_config(*args: str):
+  argv = ["run.py", *args]
+  fv = flags.FlagValues()
+  config_flags.DEFINE_config_file(
+    "config", None, "", flag_values=fv, lock_config=True, sys_argv=argv
+  )
+  fv(argv)
+  return fv.config
+
+
+@pytest.mark.parametrize("name", ["ar", "prompt_lookup", "draft_model"])
+def test_every_config_builds_settings(name):
+  full = settings_from_config(parse_config(f"--config={REPO}/configs/{name}.py"))
+  small = settings_from_config(parse_config(f"--config={REPO}/configs/{name}.py:small"))
+  assert full.method == small.method == name
+  assert small.per_category < full.per_category and small.max_new_tokens <= full.max_new_tokens
+  assert len(small.categories) == 6
+
+
+def test_config_overrides_and_unknown_keys():
+  path = f"--config={REPO}/configs/prompt_lookup.py:small"
+  c = parse_config(path, "--config.drafter.k=8", "--config.data.categories=qa,rag")
+  s = settings_from_config(c)
+  assert s.drafter.k == 8 and s.categories == ("qa", "rag")
+  with pytest.raises(AttributeError, match="kk"):
+    parse_config(path, "--config.drafter.kk=8")
+  with pytest.raises(AttributeError):
+    parse_config(path).new_field = 1  # locked
+  with pytest.raises(flags.IllegalFlagValueError, match="unknown config variant 'tiny'"):
+    parse_config(f"--config={REPO}/configs/prompt_lookup.py:tiny")
+
+
+def test_settings_validation():
+  with pytest.raises(ValueError, match="config.method"):
+    small_settings(method="medusa")
+  with pytest.raises(ValueError, match="unknown \\['poetry'\\]"):
+    small_settings(**{"data.categories": "qa,poetry"})
+
+
+# ---- runner -------------------------------------------------------------------------------------
+
+
+def test_bucket_width():
+  assert [runner_lib.bucket_width(n, 64) for n in (1, 64, 65, 129, 1000)] == [
+    64,
+    64,
+    128,
+    256,
+    1024,
+  ]
+
+
+def test_run_suite_records_and_resumes(target, spec_bench, tmp_path):
+  settings = small_settings()
+  prompts = tasks.load_spec_bench(spec_bench, settings.categories, 2, settings.turns)
+  workdir = str(tmp_path / "run")
+  lines = []
+  runner = make_runner(target, settings, log=lines.append)
+  records = runner_lib.run_suite(runner, prompts, workdir, settings.as_dict(), log=lines.append)
+  assert [r["prompt_id"] for r in records] == [1, 2, 3, 4]
+  for r in records:
+    m = r["methods"]["prompt_lookup_k3"]
+    assert m["same_as_ar"]  # greedy prompt lookup is lossless
+    assert m["new_tokens"] == r["ar"]["new_tokens"] and m["emitted"] <= m["new_tokens"]
+    assert m["speedup"] == pytest.approx(m["tok_s"] / r["ar"]["tok_s"])
+    assert len(m["alpha_at"]) == 3
+  assert records[0]["turns"] == 2 and len(records[0]["prompt_tokens"]) == 2
+  assert records[0]["prompt_tokens"][1] > records[0]["prompt_tokens"][0]  # turn 2 sees turn 1
+  assert sum(line.startswith("[") for line in lines) == 4
+
+  # Kill after two records: drop the rest and leave a torn line, then run again.
+  path = os.path.join(workdir, runner_lib.RECORDS)
+  kept = open(path).read().splitlines()[:2]
+  with open(path, "w") as f:
+    f.write("\n".join(kept) + '\n{"category": "qa", "prom')
+  ran = []
+  runner = make_runner(target, settings)
+  run_prompt = runner.run_prompt
+  runner.run_prompt = lambda p: ran.append(p.prompt_id) or run_prompt(p)
+  lines.clear()
+  again = runner_lib.run_suite(runner, prompts, workdir, settings.as_dict(), log=lines.append)
+  assert ran == [3, 4]
+  assert "resuming: 2 of 4" in lines[0]
+  assert [r["prompt_id"] for r in again] == [1, 2, 3, 4]
+  assert [r["prompt_id"] for r in runner_lib.read_records(path)] == [1, 2, 3, 4]
+
+
+def test_resume_with_other_settings_is_an_error(target, spec_bench, tmp_path):
+  settings = small_settings(**{"data.categories": "qa"})
+  prompts = tasks.load_spec_bench(spec_bench, ("qa",), 1)
+  workdir = str(tmp_path / "run")
+  runner_lib.run_suite(make_runner(target, settings), prompts, workdir, settings.as_dict())
+  other = small_settings(**{"data.categories": "qa", "drafter.k": 2})
+  with pytest.raises(ValueError, match="different settings.*drafter"):
+    runner_lib.run_suite(make_runner(target, other), prompts, workdir, other.as_dict())
+
+
+def test_ar_only_and_draft_model_methods(target, spec_bench, tmp_path):
+  prompts = tasks.load_spec_bench(spec_bench, ("qa",), 1)
+  ar = small_settings(method="ar")
+  recs = runner_lib.run_suite(make_runner(target, ar), prompts, str(tmp_path / "ar"), {})
+  assert recs[0]["methods"] == {} and recs[0]["ar"]["new_tokens"] >= 1
+  assert "| qa | 1 |" in tables.markdown(tables.summary_rows(recs))
+
+  dm = small_settings(method="draft_model", **{"drafter.n_layers": 1})
+  method = build_method(dm, target)
+  assert method.name == "draft_model_l1_k3" and method.drafter.cfg.n_layers == 1
+  recs = runner_lib.run_suite(make_runner(target, dm), prompts, str(tmp_path / "dm"), {})
+  assert recs[0]["methods"]["draft_model_l1_k3"]["same_as_ar"]
+
+
+def test_truncate_layers(target):
+  params, cfg = truncate_layers(target.params, target.cfg, 1)
+  assert cfg.n_layers == 1 and params.layers.wq.shape[0] == 1
+  with pytest.raises(ValueError):
+    truncate_layers(target.params, target.cfg, 3)
+
+
+# ---- tables -------------------------------------------------------------------------------------
+
+
+def fake_record(cat, pid, ar_tok_s, tok_s, emitted, passes, accepted, drafted):
+  method = {
+    "tok_s": tok_s,
+    "speedup": tok_s / ar_tok_s,
+    "emitted": emitted,
+    "target_passes": passes,
+    "accepted": accepted,
+    "drafted": drafted,
+    "accepted_at": [accepted, 0],
+    "reached_at": [passes, accepted],
+    "same_as_ar": True,
+  }
+  return {"category": cat, "prompt_id": pid, "ar": {"tok_s": ar_tok_s}, "methods": {"m": method}}
+
+
+def test_tables_pool_counts_and_average_speedups(tmp_path):
+  recs = [
+    fake_record("qa", 1, 10.0, 20.0, emitted=30, passes=10, accepted=20, drafted=40),
+    fake_record("qa", 2, 10.0, 10.0, emitted=10, passes=10, accepted=0, drafted=40),
+    fake_record("rag", 3, 5.0, 20.0, emitted=40, passes=10, accepted=30, drafted=40),
+  ]
+  rows = tables.summary_rows(recs)
+  assert [r["category"] for r in rows] == ["qa", "rag", "overall"]
+  qa, _, overall = rows
+  assert qa["speedup"] == pytest.approx(1.5)  # mean of 2.0 and 1.0
+  assert qa["tau"] == pytest.approx(40 / 20)  # pooled, not the mean of 3.0 and 1.0
+  assert qa["acceptance_rate"] == pytest.approx(20 / 80)
+  assert qa["alpha_at"] == pytest.approx([20 / 20, 0.0])
+  assert overall["speedup"] == pytest.approx((2.0 + 1.0 + 4.0) / 3)
+  md = tables.markdown(rows)
+  assert "| overall | m | 3 | 8.33 | 16.67 | 2.33x | 2.67 | 0.417 | 3/3 |" in md
+  tables.write_csv(rows, str(tmp_path / "s.csv"))
+  header = open(tmp_path / "s.csv").readline().strip()
+  assert header.endswith("same_as_ar,alpha_1,alpha_2")
+
+
+# ---- the entry point ----------------------------------------------------------------------------
+
+
+def test_run_py_end_to_end_and_resume(target, spec_bench, tmp_path):
+  model_dir = str(tmp_path / "tiny_model")
+  save_hf(model_dir, target.params, target.cfg)
+  target.tokenizer.save(model_dir)
+  workdir = str(tmp_path / "work")
+  cmd = [
+    sys.executable,
+    os.path.join(REPO, "experiments", "run.py"),
+    f"--config={REPO}/configs/prompt_lookup.py:small",
+    f"--workdir={workdir}",
+    f"--spec_bench={spec_bench}",
+    f"--config.model={model_dir}",
+    "--config.max_new_tokens=5",
+    "--config.prompt_bucket=64",
+    "--config.data.categories=qa,summarization",
+  ]
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "[3/3] summarization #6" in out.stdout
+  assert "| overall | prompt_lookup_k4 | 3 |" in out.stdout
+  for name in ("records.jsonl", "summary.md", "summary.csv", "settings.json"):
+    assert os.path.exists(os.path.join(workdir, name))
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "resuming: 3 of 3" in out.stdout and "[1/" not in out.stdout
+  bad = subprocess.run(cmd + ["--config.nope=1"], capture_output=True, text=True, env=env)
+  assert bad.returncode != 0 and "unknown config field 'nope'" in bad.stderr
+
+
+@pytest.mark.slow
+def test_smollm2_on_a_real_spec_bench_prompt(smollm2, tmp_path):
+  try:
+    path = tasks.find_spec_bench()
+  except FileNotFoundError as e:
+    pytest.skip(f"Spec-Bench question.jsonl is not available here: {e}")
+  target = Target(smollm2.params, smollm2.cfg, smollm2.tokenizer, "smollm2")
+  settings = small_settings(max_new_tokens=24, **{"data.categories": "summarization"})
+  prompts = tasks.load_spec_bench(path, ("summarization",), 1)
+  rec = runner_lib.run_suite(make_runner(target, settings), prompts, str(tmp_path), {})[0]
+  m = rec["methods"]["prompt_lookup_k3"]
+  assert rec["prompt_tokens"][0] > 500  # a CNN/DM article inside the chat template
+  assert m["same_as_ar"] and m["new_tokens"] == 24
+  assert m["accepted"] > 0 and m["tau"] > 1.0  # a summary copies phrases from the article
