@@ -90,6 +90,10 @@ class Drafter(Protocol):
     self, params: Any, state: Any, seq: jax.Array, seq_len: jax.Array, step: StepResult
   ) -> Any: ...
 
+  def reorder(self, state: Any, rows: jax.Array) -> Any:
+    """Row i of the returned state is row rows[i] of `state` (forks and resampling in SMC-SD)."""
+    ...
+
   def capacity_slack(self) -> int:
     """Extra cache/sequence slots the drafter writes past seq_len (beyond the K + 1 of verify)."""
     ...

@@ -85,6 +85,10 @@ class DraftModelDrafter:
     logq = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)  # [B, K, V]
     return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), cache)
 
+  def reorder(self, cache: KVCache, rows: jax.Array) -> KVCache:
+    """Row i of the new state is row rows[i] of the old (forking / resampling particles)."""
+    return cache.take_rows(rows)
+
   def commit(self, params, cache: KVCache, seq, seq_len, step: StepResult) -> KVCache:
     # Valid draft entries: everything before the drafts, plus accepted drafts d_1..d_{K-1}
     # (d_K was drawn but never fed). Finished rows (n_committed = 0) keep seq_len - 1.

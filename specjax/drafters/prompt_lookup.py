@@ -83,5 +83,8 @@ class PromptLookupDrafter:
     tokens = read_rows(seq, jnp.minimum(start, seq.shape[1] - self.k), self.k)
     return Proposal(tokens.astype(jnp.int32), None, avail.astype(jnp.int32), state)
 
+  def reorder(self, state, rows):
+    return state
+
   def commit(self, params, state, seq, seq_len, step: StepResult):
     return state
