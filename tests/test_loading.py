@@ -18,7 +18,7 @@ from specjax.loading import CheckpointError, load_gguf, load_hf, load_model, reg
 from specjax.loading.gguf_file import permute_rows, unpermute_rows
 from specjax.loading.hf import hf_config_dict, named_tensors
 from specjax.loading.keymap import GGUF_NAMES
-from specjax.model import init_params
+from specjax.model import param_shapes
 
 TINY = ModelConfig(
   vocab_size=40, d_model=16, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=4, ffn_dim=24
@@ -26,11 +26,11 @@ TINY = ModelConfig(
 
 
 def tiny_params(cfg: ModelConfig, seed: int = 0):
-  # Non-unit norms so that a swapped or dropped norm tensor changes the result.
-  params = init_params(jax.random.PRNGKey(seed), cfg, scale=0.5)
-  return jax.tree.map(
-    lambda x: x + 0.1 * jax.numpy.arange(x.size).reshape(x.shape) / x.size, params
-  )
+  """Random numpy weights in the structure of `Params` (no JAX compilation needed)."""
+  rng = np.random.default_rng(seed)
+  shapes = param_shapes(cfg)
+  draw = lambda shape: rng.normal(size=shape).astype(np.float32)
+  return jax.tree.map(draw, shapes, is_leaf=lambda x: isinstance(x, tuple))
 
 
 def assert_same_params(a, b):

@@ -67,6 +67,7 @@ CASES = {
 def pair(request, tmp_path_factory):
   """(hf_model, params, cfg) for one tiny random checkpoint."""
   arch, kw = CASES[request.param]
+  torch.set_num_threads(1)  # tiny models: threads only add overhead (and stall on shared cores)
   config_cls = {"LlamaForCausalLM": "LlamaConfig", "Qwen2ForCausalLM": "Qwen2Config"}[arch]
   hf_cfg = getattr(transformers, config_cls)(**COMMON, **kw)
   torch.manual_seed(len(request.param))
