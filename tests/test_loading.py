@@ -345,6 +345,22 @@ def test_tokenizer_from_gguf_metadata(tmp_path):
   assert again.encode(text) == ids
   assert (again.eos_id, again.bos_id, again.stop_ids) == (0, 1, (0, 2))
   assert again.chat_template == CHAT_TEMPLATE
+  plain = Tokenizer.from_file(str(tmp_path / "saved" / "tokenizer.json"), eos_token="<|im_end|>")
+  assert plain.encode(text) == ids and plain.eos_id == 2 and plain.chat_template is None
+
+
+def test_load_model_accepts_dir_and_gguf(tmp_path):
+  params = tiny_params(TINY)
+  save_hf(str(tmp_path / "hf"), params, TINY)
+  got, cfg, tok = load_model(str(tmp_path / "hf"))
+  assert cfg == TINY and tok is None
+  assert_same_params(got, params)
+  path = write_gguf(tmp_path / "m.gguf", params, TINY, tokenizer=tiny_tokenizer_metadata())
+  got, cfg, tok = load_model(path)
+  assert_same_params(got, params)
+  assert tok.encode("hello") == [tok.token_to_id("hello")]
+  with pytest.raises(ValueError, match="not a known model name, a checkpoint directory or a .gguf"):
+    load_model(str(tmp_path / "missing.gguf"))
 
 
 def test_chat_template_is_sandboxed(tmp_path):
