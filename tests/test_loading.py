@@ -1,4 +1,4 @@
-"""Strict checkpoint loading on synthetic files: HF safetensors dirs, GGUF files, the name registry."""
+"""Strict checkpoint loading on synthetic files: HF safetensors dirs, GGUF files, the registry."""
 
 from __future__ import annotations
 

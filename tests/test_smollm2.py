@@ -239,7 +239,7 @@ def test_tokenizer_matches_transformers(smollm2, hf_ref, prompt_ids):
 
 
 def test_registry_dir_loads_in_transformers(smollm2, hf_ref, prompt_ids):
-  """The converted cache directory is a valid HF checkpoint: transformers reads it to equal logits."""
+  """The converted cache directory is a valid HF checkpoint: transformers reads it, same logits."""
   import transformers
 
   from specjax.loading import registry

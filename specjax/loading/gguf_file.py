@@ -1,9 +1,9 @@
 """GGUF files (llama.cpp): config from metadata, every tensor dequantized to float, strictly mapped.
 
-Quantized tensors (Q4_1, Q8_0, ...) are dequantized with `gguf.quants.dequantize`; the result is what
-the model *is* in specjax (e.g. "SmolLM2-135M-Instruct (Q4_1, dequantized)"). llama.cpp's converter
-permutes the rows of `attn_q`/`attn_k` of Llama-architecture models for its interleaved RoPE; we undo
-that so the weights are in the Hugging Face rotate-half layout `specjax.model` uses.
+Quantized tensors (Q4_1, Q8_0, ...) are dequantized with `gguf.quants.dequantize`; the result is
+what the model *is* in specjax (e.g. "SmolLM2-135M-Instruct (Q4_1, dequantized)"). llama.cpp's
+converter permutes the rows of `attn_q`/`attn_k` of Llama-architecture models for its interleaved
+RoPE; we undo that so the weights are in the Hugging Face rotate-half layout `specjax.model` uses.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def _f32(x: float) -> float:
-  """A float32 metadata value as the shortest decimal that rounds to it (1e-5, not 9.99999975e-6)."""
+  """A float32 metadata value as the shortest decimal that rounds to it (1e-5, not 9.9999997e-6)."""
   return float(str(np.float32(x)))
 
 
