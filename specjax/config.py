@@ -83,8 +83,12 @@ class ModelConfig:
       raise ValueError(f"unsupported architecture {archs}; supported: {sorted(supported)}")
     n_heads = c["num_attention_heads"]
     head_dim = c.get("head_dim") or c["hidden_size"] // n_heads
+    # transformers >= 5 writes RoPE settings only inside `rope_parameters`.
+    rp = c.get("rope_parameters") or {}
     scaling = c.get("rope_scaling")
-    rope_theta = c.get("rope_theta", (c.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    if scaling is None and rp.get("rope_type", rp.get("type", "default")) != "default":
+      scaling = {k: v for k, v in rp.items() if k != "rope_theta"}
+    rope_theta = c.get("rope_theta", rp.get("rope_theta", 10000.0))
     if scaling is not None:
       scaling = tuple(sorted((k, v) for k, v in scaling.items() if not isinstance(v, (list, dict))))
       if dict(scaling).get("rope_type", dict(scaling).get("type")) == "default":

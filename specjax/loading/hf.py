@@ -41,25 +41,13 @@ def iter_safetensors(paths: list[str]) -> Iterator[tuple[str, np.ndarray]]:
         yield name, f.get_tensor(name)
 
 
-def rope_scaling_from_parameters(c: dict) -> dict:
-  """transformers >= 5 writes RoPE scaling only inside `rope_parameters`; copy it to `rope_scaling`.
-
-  Without this a Llama-3 style `rope_parameters: {rope_type: llama3, ...}` would be read as no
-  scaling at all.
-  """
-  rp = c.get("rope_parameters") or {}
-  if c.get("rope_scaling") is None and rp.get("rope_type", rp.get("type", "default")) != "default":
-    c = {**c, "rope_scaling": {k: v for k, v in rp.items() if k != "rope_theta"}}
-  return c
-
-
 def load_hf(directory: str, dtype: str = "float32") -> tuple[Params, ModelConfig]:
   """Loads a `LlamaForCausalLM` / `MistralForCausalLM` / `Qwen2ForCausalLM` directory, strictly."""
   cfg_path = os.path.join(directory, "config.json")
   if not os.path.exists(cfg_path):
     raise CheckpointError(f"no config.json in {directory}")
   with open(cfg_path) as f:
-    cfg = ModelConfig.from_hf_dict(rope_scaling_from_parameters(json.load(f)), dtype=dtype)
+    cfg = ModelConfig.from_hf_dict(json.load(f), dtype=dtype)
   params = build_params(iter_safetensors(safetensors_files(directory)), cfg, HF_NAMES)
   return params, cfg
 
