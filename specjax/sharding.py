@@ -288,6 +288,23 @@ def shard_params(
   return jax.device_put(params, shardings)
 
 
+def shard_host_params(
+  params: Any, mesh: Mesh, rules: Rules = DEFAULT_RULES, cfg: ModelConfig | None = None
+) -> Any:
+  """Like `shard_params` for host arrays (numpy, memory-mapped checkpoint tensors), reading only
+  the slices this process's devices hold. Works across processes: every process passes the same
+  (lazily readable) tree and builds its part of each global array.
+  """
+  specs = param_specs(params, mesh, rules, cfg)
+
+  def put(x, spec):
+    return jax.make_array_from_callback(
+      np.shape(x), NamedSharding(mesh, spec), lambda idx: np.asarray(x[idx])
+    )
+
+  return jax.tree.map(put, params, specs)
+
+
 def cache_specs(cache: KVCache, mesh: Mesh | AbstractMesh, rules: Rules = DEFAULT_RULES) -> KVCache:
   """Specs of a KV cache: rows on the batch axis, K/V heads on the head axis."""
   return jax.tree.map(

@@ -14,7 +14,9 @@ or cache shape contains a weight matrix's pair of dimensions, which is what `wei
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -148,6 +150,40 @@ def test_mesh_suite_on_fake_devices():
   tail = (res.stdout + res.stderr)[-6000:]
   assert res.returncode == 0, tail
   assert " passed" in res.stdout and " skipped" not in res.stdout, tail
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.skipif(bool(_FAKE), reason="runs from the parent process")
+def test_two_processes_decode_like_one():
+  """`specjax.distributed` on 2 processes x 4 CPU devices (gloo collectives), mesh (2, 4)."""
+  from specjax.distributed import smoke_decode
+
+  env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
+  env.update(SPECJAX_CPU_KERNELS="0")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+  port = _free_port()
+  cmd = [sys.executable, "-m", "specjax.distributed", f"--coordinator_address=localhost:{port}"]
+  cmd += ["--num_processes=2", "--mesh=2,4", "--smoke_decode"]
+  procs = [
+    subprocess.Popen(cmd + [f"--process_id={i}"], env=env, stdout=subprocess.PIPE, text=True)
+    for i in range(2)
+  ]
+  reports = []
+  for p in procs:
+    out, _ = p.communicate(timeout=600)
+    assert p.returncode == 0, out[-3000:]
+    reports.append(json.loads(out.strip().splitlines()[-1]))
+  one = jax.sharding.Mesh(np.asarray(jax.devices()[:1]).reshape(1, 1), ("data", "tensor"))
+  want = smoke_decode(one)
+  for i, r in enumerate(reports):
+    assert (r["process"], r["processes"], r["devices"], r["local_devices"]) == (i, 2, 8, 4)
+    assert r["sum_over_devices"] == 8.0
+    assert r["tokens"] == want
 
 
 @dataclasses.dataclass(frozen=True)
