@@ -69,6 +69,7 @@ FIELD_AXES: dict[str, tuple[str | None, ...]] = {
   "head": ("vocab", "embed"),
   "final_norm": ("embed",),
   "norm": ("embed",),
+  "hidden_norm": ("embed",),
   "d2t": ("ids",),
   "w_in": ("embed", "fused"),
   "fuse": ("embed", "fused"),
