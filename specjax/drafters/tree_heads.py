@@ -1,0 +1,164 @@
+"""Static token trees from per-position candidate sources, such as Medusa heads.
+
+A candidate source scores every draft depth at once from the target's newest hidden state h (at
+position seq_len - 2, after the target read the token before the root):
+
+    source(params, h [B, D]) -> (logits [B, K, Vd] float32, d2t [Vd] int32 or None)
+
+where head i (0-based) scores the token at depth i + 1 (Medusa head i predicts x_{t+i+2} from h_t),
+over the target vocabulary (d2t None) or a draft vocabulary mapped to target ids by d2t. The source
+is a static callable (a module-level function), so it can sit inside the drafter's static config.
+
+`HeadTreeDrafter` builds a `StaticTree` from it the Medusa way: the child of rank r at depth d is
+head d - 1's r-th best token, whatever its parent (the heads do not see the path), or, with
+`sample_children` while sampling, each parent's children are successive draws without replacement
+from head d - 1's processed distribution (then `TreeSpeculativeRule("without_replacement")` applies).
+
+Two sources are provided: `published_medusa_logits` for heads in the published Medusa format
+(`MedusaHeadParams`, see `specjax.loading.heads`), and `medusa_logits_source` for the shared-head
+`specjax.drafters.medusa.MedusaParams`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.sampling import SamplingConfig
+from specjax.tree_speculative import TreeProposal, TreeStepResult
+from specjax.trees import StaticTree, static_token_tree
+
+CandidateSource = Callable[..., tuple[jax.Array, jax.Array | None]]
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MedusaHeadParams:
+  """Medusa-1 heads in the published layout: K heads of R residual blocks and an own LM head each.
+
+  Attributes:
+    w: [K, R, D, D] residual block weights ([out, in]).
+    b: [K, R, D] residual block biases.
+    lm_head: [K, V, D] each head's output projection.
+  """
+
+  w: jax.Array
+  b: jax.Array
+  lm_head: jax.Array
+
+
+def published_medusa_logits(params: MedusaHeadParams, h: jax.Array):
+  """Logits [B, K, V] of published Medusa heads: per head, R x (x + SiLU(W x + b)), then its head."""
+  x = jnp.broadcast_to(h.astype(jnp.float32)[:, None, :], (h.shape[0],) + params.b.shape[::2])
+  for r in range(params.w.shape[1]):
+    z = jnp.einsum("bkd,ked->bke", x, params.w[:, r].astype(jnp.float32)) + params.b[:, r]
+    x = x + jax.nn.silu(z)
+  return jnp.einsum("bkd,kvd->bkv", x, params.lm_head.astype(jnp.float32)), None
+
+
+def medusa_logits_source(params, h: jax.Array):
+  """Adapter for `specjax.drafters.medusa.MedusaParams` (shared head over a draft vocabulary)."""
+  from specjax.drafters.medusa import medusa_logits  # the chain drafter's module
+
+  return medusa_logits(params, h), params.d2t
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class HeadState:
+  """h: [B, D] the target's final hidden state at position seq_len - 2 of each row."""
+
+  h: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTreeDrafter:
+  """Static-tree drafting from a per-position candidate source (Medusa-style).
+
+  Attributes:
+    source: static callable (params, h) -> (logits [B, K, Vd], d2t or None), K >= tree depth.
+    tree: the static topology.
+    vocab_size: the target's V.
+    sample_children: when sampling, draw each parent's children without replacement.
+  """
+
+  source: CandidateSource
+  tree: StaticTree
+  vocab_size: int
+  sample_children: bool = False
+  hidden_layers: tuple[int, ...] = ()
+
+  def __post_init__(self):
+    if self.sample_children and not self.tree.ranks_are_contiguous():
+      raise ValueError("sampled children need each node's children to have ranks 0 .. c - 1")
+
+  @property
+  def n_nodes(self) -> int:
+    return self.tree.n_nodes
+
+  @property
+  def max_depth(self) -> int:
+    return self.tree.max_depth
+
+  @property
+  def draws(self) -> str:
+    return "without_replacement" if self.sample_children else "deterministic"
+
+  def capacity_slack(self) -> int:
+    return 0
+
+  def init(self, params, prefill, prompts, prompt_lens, capacity: int) -> HeadState:
+    del params, prompts, capacity
+    rows = jnp.arange(prefill.hidden.shape[0])
+    return HeadState(prefill.hidden[rows, prompt_lens - 1].astype(jnp.float32))
+
+  def propose(self, params, state: HeadState, seq, seq_len, key, sampling: SamplingConfig):
+    b = self.tree.buffers()
+    B, D = seq.shape[0], self.max_depth
+    logits, d2t = self.source(params, state.h)
+    if logits.shape[1] < D:
+      raise ValueError(
+        f"the tree has depth {D} but the source scores only {logits.shape[1]} depths"
+      )
+    to_target = (lambda i: i) if d2t is None else (lambda i: d2t[i].astype(jnp.int32))
+    sampled = self.sample_children and not sampling.greedy
+    root = jnp.take_along_axis(seq, (seq_len - 1)[:, None], 1)[:, 0]
+    tokens = jnp.zeros((B, self.n_nodes), jnp.int32).at[:, 0].set(root)
+    logq = None
+    if sampled:
+      lq = sampling.logprobs(logits[:, :D])  # [B, D, Vd]
+      if d2t is not None:
+        full = jnp.full(lq.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
+        lq_full = full.at[..., d2t].set(lq)
+      else:
+        lq_full = lq
+      # A node at depth d - 1 draws its children from head d - 1 (leaves' rows are unused).
+      logq = lq_full[:, jnp.asarray(np.minimum(b.depth, D - 1))]
+    keys = jax.random.split(key, D)
+    for d in range(1, D + 1):
+      level = np.flatnonzero(b.depth == d)
+      n_draw = int(b.rank[level].max()) + 1
+      if sampled:
+        parents = np.unique(b.parent[level])
+        par_pos = np.searchsorted(parents, b.parent[level])
+        lq_d = jnp.broadcast_to(lq[:, d - 1, None], (B, len(parents), lq.shape[-1]))
+        g = jax.random.gumbel(keys[d - 1], lq_d.shape, jnp.float32)
+        picks = jax.lax.top_k(lq_d + g, n_draw)[1]
+        tokens = tokens.at[:, level].set(to_target(picks[:, par_pos, b.rank[level]]))
+      else:
+        top = jax.lax.top_k(logits[:, d - 1], n_draw)[1]  # [B, n_draw]
+        tokens = tokens.at[:, level].set(to_target(top[:, b.rank[level]]))
+    return TreeProposal(static_token_tree(self.tree, tokens, logq), state)
+
+  def commit(self, params, state: HeadState, seq, seq_len, step: TreeStepResult) -> HeadState:
+    del params, seq, seq_len
+    B = step.hidden.shape[0]
+    h = step.hidden[jnp.arange(B), jnp.maximum(step.n_committed - 1, 0)].astype(jnp.float32)
+    return HeadState(jnp.where((step.n_committed > 0)[:, None], h, state.h))
+
+  def reorder(self, state: HeadState, rows: jax.Array) -> HeadState:
+    return HeadState(state.h[rows])
