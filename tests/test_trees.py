@@ -14,7 +14,13 @@ from scipy import stats
 from toy_models import exact_continuation_probs, tiny_model
 
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
-from specjax.drafters.tree_heads import HeadTreeDrafter, MedusaHeadParams, published_medusa_logits
+from specjax.drafters.tree_heads import (
+  HeadState,
+  HeadTreeDrafter,
+  MedusaHeadParams,
+  medusa_logits_source,
+  published_medusa_logits,
+)
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
 from specjax.kv_cache import KVCache
 from specjax.metrics import summarize
@@ -454,3 +460,31 @@ def test_dynamic_trees_are_well_formed(models):
   assert depth.max() == 3 and (parent[:, 1:] < np.arange(1, 10)).all()  # parents come first
   assert (depth[:, 1:] == np.take_along_axis(depth, parent[:, 1:], 1) + 1).all()
   np.testing.assert_array_equal(np.asarray(ancestor_mask(t.parent, 3)), np.asarray(t.mask))
+
+
+def test_medusa_params_source_maps_draft_vocabulary(models):
+  """Trees from the shared-head `MedusaParams` (draft vocabulary + d2t) of the chain drafter."""
+  medusa = pytest.importorskip("specjax.drafters.medusa")
+  _, cfg, _, _ = models
+  D, K = cfg.d_model, 3
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(7), 3)
+  d2t = jnp.arange(40, 64, dtype=jnp.int32)  # draft token i is target token 40 + i
+  params = medusa.MedusaParams(
+    0.3 * jax.random.normal(k1, (K, D, D)),
+    0.1 * jax.random.normal(k2, (K, D)),
+    jax.random.normal(k3, (24, D)),
+    d2t,
+  )
+  tree = StaticTree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
+  drafter = HeadTreeDrafter(medusa_logits_source, tree, cfg.vocab_size)
+  h = jax.random.normal(jax.random.PRNGKey(8), (2, D))
+  seq = jnp.full((2, 8), 3, jnp.int32)
+  prop = jax.jit(drafter.propose, static_argnames="sampling")(
+    params, HeadState(h), seq, jnp.array([4, 6]), jax.random.PRNGKey(0), sampling=SamplingConfig()
+  )
+  toks = np.asarray(prop.tree.tokens)
+  top = np.argsort(-np.asarray(medusa.medusa_logits(params, h)), -1)  # [B, K, Vd] ranks
+  np.testing.assert_array_equal(toks[:, 1], 40 + top[:, 0, 0])  # (0,): head 0's best
+  np.testing.assert_array_equal(toks[:, 2], 40 + top[:, 0, 1])  # (1,): head 0's second
+  np.testing.assert_array_equal(toks[:, 4], 40 + top[:, 1, 1])  # (0, 1): head 1's second
+  np.testing.assert_array_equal(toks[:, 5], 40 + top[:, 2, 0])  # (0, 0, 0): head 2's best

@@ -53,7 +53,8 @@ class MedusaHeadParams:
 
 def published_medusa_logits(params: MedusaHeadParams, h: jax.Array):
   """Logits [B, K, V] of published Medusa heads: per head, R x (x + SiLU(W x + b)), then its head."""
-  x = jnp.broadcast_to(h.astype(jnp.float32)[:, None, :], (h.shape[0],) + params.b.shape[::2])
+  K = params.w.shape[0]
+  x = jnp.broadcast_to(h.astype(jnp.float32)[:, None, :], (h.shape[0], K, h.shape[-1]))
   for r in range(params.w.shape[1]):
     z = jnp.einsum("bkd,ked->bke", x, params.w[:, r].astype(jnp.float32)) + params.b[:, r]
     x = x + jax.nn.silu(z)
