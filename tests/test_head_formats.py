@@ -12,6 +12,7 @@ import pytest
 from safetensors.numpy import save_file
 from toy_models import tiny_config
 
+from specjax.drafters.eagle_published import eagle3_forward, eagle_forward
 from specjax.drafters.tree_heads import published_medusa_logits
 from specjax.loading.heads import detect_kind, load_eagle, load_eagle3, load_head, load_medusa
 from specjax.loading.keymap import CheckpointError
@@ -39,12 +40,31 @@ def _llama_config(**kw) -> dict:
   return c
 
 
+def _rope(x, pos):  # x [B, T, h, Dh], rotate-half layout, theta 1e4
+  Dh = x.shape[-1]
+  inv = 1.0 / (10000.0 ** (torch.arange(0, Dh, 2, dtype=torch.float32) / Dh))
+  ang = pos[..., None].float() * inv
+  cos, sin = torch.cat([ang.cos()] * 2, -1)[:, :, None], torch.cat([ang.sin()] * 2, -1)[:, :, None]
+  return x * cos + torch.cat([-x[..., Dh // 2 :], x[..., : Dh // 2]], -1) * sin
+
+
 class _Attention(nn.Module):
   def __init__(self, d_in, d):
     super().__init__()
     q, kv = TARGET.n_heads * TARGET.head_dim, TARGET.n_kv_heads * TARGET.head_dim
     self.q_proj, self.k_proj = nn.Linear(d_in, q, bias=False), nn.Linear(d_in, kv, bias=False)
     self.v_proj, self.o_proj = nn.Linear(d_in, kv, bias=False), nn.Linear(q, d, bias=False)
+
+  def forward(self, x, pos):
+    B, T, _ = x.shape
+    H, Hkv, Dh = TARGET.n_heads, TARGET.n_kv_heads, TARGET.head_dim
+    q = _rope(self.q_proj(x).view(B, T, H, Dh), pos).transpose(1, 2)
+    k = _rope(self.k_proj(x).view(B, T, Hkv, Dh), pos).transpose(1, 2)
+    v = self.v_proj(x).view(B, T, Hkv, Dh).transpose(1, 2)
+    k, v = k.repeat_interleave(H // Hkv, 1), v.repeat_interleave(H // Hkv, 1)
+    s = (q @ k.transpose(2, 3)) / Dh**0.5
+    s = s.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    return self.o_proj((s.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H * Dh))
 
 
 class _MLP(nn.Module):
@@ -53,11 +73,17 @@ class _MLP(nn.Module):
     self.gate_proj, self.up_proj = nn.Linear(d, f, bias=False), nn.Linear(d, f, bias=False)
     self.down_proj = nn.Linear(f, d, bias=False)
 
+  def forward(self, x):
+    return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
 
 class _Norm(nn.Module):
   def __init__(self, d):
     super().__init__()
     self.weight = nn.Parameter(torch.rand(d))
+
+  def forward(self, x):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * self.weight
 
 
 class _Eagle1Layer(nn.Module):
@@ -69,6 +95,11 @@ class _Eagle1Layer(nn.Module):
       self.input_layernorm = _Norm(D)
     self.post_attention_layernorm = _Norm(D)
 
+  def forward(self, x, pos):
+    h = self.input_layernorm(x) if hasattr(self, "input_layernorm") else x
+    x = x + self.self_attn(h, pos)
+    return x + self.mlp(self.post_attention_layernorm(x))
+
 
 class _Eagle1(nn.Module):
   def __init__(self, n_layers=1, bias=True, embed=True):
@@ -78,6 +109,12 @@ class _Eagle1(nn.Module):
       self.embed_tokens = nn.Embedding(TARGET.vocab_size, D)
     self.layers = nn.ModuleList([_Eagle1Layer(i) for i in range(n_layers)])
     self.fc = nn.Linear(2 * D, D, bias=bias)
+
+  def forward(self, embed, tokens, features, pos):
+    x = self.fc(torch.cat([embed[tokens], features], -1))
+    for layer in self.layers:
+      x = layer(x, pos)
+    return x
 
 
 class _Eagle3Layer(nn.Module):
@@ -102,6 +139,14 @@ class _Eagle3(nn.Module):
     t2d[torch.as_tensor(draft_tokens)] = True
     self.register_buffer("d2t", torch.as_tensor(draft_tokens - np.arange(Vd), dtype=torch.long))
     self.register_buffer("t2d", t2d)
+
+  def forward(self, embed, tokens, features, pos):
+    g = self.fc(features)
+    m = self.midlayer
+    h = torch.cat([m.input_layernorm(embed[tokens]), m.hidden_norm(g)], -1)
+    x = g + m.self_attn(h, pos)
+    x = x + m.mlp(m.post_attention_layernorm(x))
+    return x, self.lm_head(self.norm(x))
 
 
 class _ResBlock(nn.Module):
@@ -336,3 +381,48 @@ def test_directory_problems(tmp_path):
   torch.save(_Eagle1().state_dict(), os.path.join(d, "pytorch_model.bin"))
   with pytest.raises(CheckpointError, match="exactly one of"):
     load_head(d, TARGET)
+
+
+# ---------------------------------------------------------------- forward parity with torch
+
+
+def _inputs(width, seed=3):
+  g = torch.Generator().manual_seed(seed)
+  embed = torch.randn(TARGET.vocab_size, TARGET.d_model, generator=g)
+  tokens = torch.randint(0, TARGET.vocab_size, (2, 7), generator=g)
+  feats = torch.randn(2, 7, width, generator=g)
+  pos = torch.arange(7)[None].repeat(2, 1) + torch.tensor([[3], [11]])
+  return embed, tokens, feats, pos
+
+
+def _j(t):
+  return jnp.asarray(t.detach().numpy())
+
+
+def test_eagle_forward_matches_torch(tmp_path):
+  torch.manual_seed(4)
+  m = _Eagle1(n_layers=2, bias=True, embed=False)
+  d = _write(
+    tmp_path / "e", _llama_config(num_hidden_layers=2), m.state_dict(), "model.safetensors"
+  )
+  params, hc = load_eagle(d, TARGET)
+  embed, tokens, feats, pos = _inputs(TARGET.d_model)
+  with torch.no_grad():
+    want = m(embed, tokens, feats, pos).numpy()
+  got = eagle_forward(params, hc.layer, _j(embed), _j(tokens), _j(feats), _j(pos))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4)
+
+
+def test_eagle3_forward_matches_torch(tmp_path):
+  torch.manual_seed(5)
+  m = _Eagle3(np.arange(10, 50))
+  d = _write(
+    tmp_path / "e", _llama_config(draft_vocab_size=40), m.state_dict(), "model.safetensors"
+  )
+  params, hc = load_eagle3(d, TARGET)
+  embed, tokens, feats, pos = _inputs(3 * TARGET.d_model)
+  with torch.no_grad():
+    want_x, want_logits = (t.numpy() for t in m(embed, tokens, feats, pos))
+  x, logits = eagle3_forward(params, hc.layer, _j(embed), _j(tokens), _j(feats), _j(pos))
+  np.testing.assert_allclose(np.asarray(x), want_x, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=1e-4, atol=1e-4)
