@@ -24,6 +24,15 @@ reject the ambiguous gathers (embedding lookup by sharded token ids) the model d
 
 Dimensions whose size does not divide by their mesh axes are left replicated (SmolLM2's 3 KV heads on
 a tensor axis of 4, say), and so are logical names without a rule.
+
+Known costs (read off the compiled HLO of the (2, 4) tests):
+  * SMC-SD resampling gathers rows by ancestor index (`KVCache.take_rows`); XLA cannot tell that a
+    request's particles stay on their data shard, so each resampling all-gathers the caches over
+    "data" (weights are not gathered). Keep particles of a request on one data shard and gather
+    within it ([R, N] rows with a batched gather) to avoid it.
+  * The CPU FFI kernels (`specjax.kernels`) are custom calls XLA cannot partition: on a CPU mesh they
+    all-gather every weight and cache they read. Set SPECJAX_CPU_KERNELS=0 for sharded CPU runs;
+    GPUs and TPUs take the plain-JAX path and are unaffected.
 """
 
 from __future__ import annotations

@@ -1,0 +1,231 @@
+"""Throughput against batch size: AR vs chain speculation vs SMC-SD, and the K policy, on CPU.
+
+SmolLM2-135M-Instruct (Q4_1, dequantized, float32), the first Spec-Bench first turns (round-robin
+over categories) whose chat prompt fits one 64-token bucket, no stop tokens (every row generates
+exactly --max_new_tokens, so all methods do the same work per row). For each batch size B:
+
+  AR            greedy autoregressive decoding;
+  PL            chain speculation with prompt lookup, K = --k, greedy;
+  DM            chain speculation with a 4-layer draft (the target's first layers, its own final
+                norm and head: `params.layers` sliced, `cfg.replace(n_layers=4)`), K = --k, greedy;
+  SMC           SMC-SD with the same draft, gamma = --k, B requests x --n_particles particles
+                (draft temperature 0.7, target temperature 1; throughput counts one particle per
+                request, so it is not a like-for-like comparison of outputs with greedy AR);
+  policy PL/DM  `specjax.k_policy`: K in [0, --k] from the acceptance measured in that batch's K run
+                (alpha solving E(alpha, K) = tokens per pass) and the measured costs at that batch
+                (verify(0) = an AR step, verify(K) = a PL pass, interpolated linearly; draft cost per
+                token = (DM pass - PL pass) / K); K = 0 runs the AR loop. A chosen K other than 0 and
+                --k is compiled and timed too.
+
+Every loop is compiled ahead of time and timed without compilation (best of 3 runs for B <= 4, of
+2 at B = 8, one run above). "decode tok/s" excludes the target's prefill over the prompts (timed separately at
+each B); speedups are decode throughput over AR's at the same B.
+
+  python benchmarks/batch_size.py --out=/tmp/batch_size.json
+  python benchmarks/batch_size.py --batches=1,8 --max_new_tokens=16   # a quick look
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from specjax import k_policy
+from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
+from specjax.experiment.methods import load_target, truncate_layers
+from specjax.experiment.tasks import conversation, find_spec_bench, load_spec_bench
+from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
+from specjax.metrics import summarize
+from specjax.smc import SMCConfig, smc_generate
+from specjax.speculative import speculative_generate
+
+_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Registry name, HF dir or .gguf.")
+_SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl (default: shared).")
+_BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 32, "Tokens generated per row.")
+_K = flags.DEFINE_integer("k", 4, "Draft length of the fixed-K runs (and the policy's largest K).")
+_DRAFT_LAYERS = flags.DEFINE_integer("draft_layers", 4, "Layers of the truncated-target draft.")
+_PARTICLES = flags.DEFINE_integer("n_particles", 4, "SMC-SD particles per request.")
+_SMC_MAX_ROWS = flags.DEFINE_integer("smc_max_rows", 128, "Skip SMC-SD above this many rows.")
+_BUCKET = flags.DEFINE_integer("prompt_bucket", 64, "Prompt width; longer prompts are not used.")
+_MIN_GAIN = flags.DEFINE_float("min_gain", 0.05, "Policy: predicted gain needed to speculate.")
+_OUT = flags.DEFINE_string("out", "", "Write all measurements as JSON here.")
+_CLOCK = flags.DEFINE_enum(
+  "clock",
+  "wall",
+  ["wall", "cpu"],
+  "Time the policy and the first table use (cpu: process CPU time,"
+  " steadier than wall time on a shared machine).",
+)
+
+
+@dataclasses.dataclass
+class Run:
+  wall: float  # best wall-clock seconds of the compiled call
+  cpu: float  # best process CPU seconds (user + system, all threads) of the compiled call
+  tokens: int  # generated tokens (all rows; SMC: the chosen particle of each request)
+  iterations: int  # while-loop iterations (max verify passes over rows)
+  tau: float = 0.0  # tokens per verify pass (speculative runs)
+
+  def seconds(self, clock: str) -> float:
+    return self.cpu if clock == "cpu" else self.wall
+
+
+def timed(fn, args, repeats: int):
+  """(best wall s, best CPU s, output) of the AOT-compiled fn(*args), compilation excluded."""
+  compiled = jax.jit(fn).lower(*args).compile()
+  wall, cpu, out = float("inf"), float("inf"), None
+  for _ in range(repeats):
+    w0, c0 = time.perf_counter(), time.process_time()
+    out = jax.block_until_ready(compiled(*args))
+    wall = min(wall, time.perf_counter() - w0)
+    cpu = min(cpu, time.process_time() - c0)
+  return wall, cpu, out
+
+
+def short_prompts(tokenizer, n: int, bucket: int) -> list[list[int]]:
+  prompts = load_spec_bench(find_spec_bench(_SPEC_BENCH.value), turns=1)
+  by_cat: dict[str, list[list[int]]] = {}
+  for p in prompts:
+    ids = tokenizer.encode_chat(conversation(p.turns[:1], []))
+    if len(ids) <= bucket:
+      by_cat.setdefault(p.category, []).append(ids)
+  out, i = [], 0
+  while len(out) < n:
+    row = [c[i] for c in by_cat.values() if i < len(c)]
+    if not row:
+      raise ValueError(f"only {len(out)} Spec-Bench prompts fit {bucket} tokens, need {n}")
+    out.extend(row)
+    i += 1
+  return out[:n]
+
+
+def main(argv):
+  del argv
+  t0 = time.perf_counter()
+  target = load_target(_MODEL.value)
+  params, cfg = target.params, target.cfg
+  draft, dcfg = truncate_layers(params, cfg, _DRAFT_LAYERS.value)
+  K, max_new = _K.value, _MAX_NEW.value
+  batches = [int(b) for b in _BATCHES.value]
+  pool = short_prompts(target.tokenizer, max(batches), _BUCKET.value)
+  gen = GenerateConfig(max_new)
+  pl, dm = PromptLookupDrafter(K), DraftModelDrafter(dcfg, K)
+  smc = SMCConfig(n_particles=_PARTICLES.value, max_new_tokens=max_new)
+  print(
+    f"{_MODEL.value}: loaded in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs, load "
+    f"average {os.getloadavg()[0]:.1f}; max_new_tokens {max_new}, K {K}, draft "
+    f"{_DRAFT_LAYERS.value}/{cfg.n_layers} layers",
+    flush=True,
+  )
+
+  def spec_run(drafter, dp, x, n, reps) -> Run:
+    fn = lambda p, dp, x, n: speculative_generate(p, cfg, drafter, dp, x, n, gen)  # noqa: E731
+    wall, cpu, out = timed(fn, (params, dp, x, n), reps)
+    s = summarize(out.metrics)
+    iters = int(np.max(out.metrics.target_passes))
+    return Run(wall, cpu, int(np.sum(out.lengths)), iters, s["tau"])
+
+  clock = _CLOCK.value
+  results = []
+  for B in batches:
+    reps = 3 if B <= 4 else 2 if B <= 8 else 1
+    x, n = pad_prompts(pool[:B], _BUCKET.value)
+    pre_fn = functools.partial(_prefill_logits, cfg=cfg, capacity=x.shape[1] + max_new)
+    pre = Run(*timed(pre_fn, (params, x, n), reps)[:2], tokens=0, iterations=1)
+    wall, cpu, out = timed(functools.partial(_ar, cfg=cfg, gen=gen), (params, x, n), reps)
+    runs = {"ar": Run(wall, cpu, int(np.sum(out.lengths)), int(np.max(out.target_passes)))}
+    runs["pl"] = spec_run(pl, (), x, n, reps)
+    runs["dm"] = spec_run(dm, draft, x, n, reps)
+    if B * smc.n_particles <= _SMC_MAX_ROWS.value:
+      fn = functools.partial(_smc, cfg=cfg, drafter=dm, smc=smc, key=jax.random.PRNGKey(0))
+      wall, cpu, out = timed(fn, (params, draft, x, n), reps)
+      runs["smc"] = Run(wall, cpu, int(np.sum(out.lengths)), int(np.max(out.target_passes)))
+
+    def decode(r: Run, c: str = clock, pre: Run = pre) -> float:
+      return r.tokens / max(r.seconds(c) - pre.seconds(c), 1e-9)
+
+    step = {m: (r.seconds(clock) - pre.seconds(clock)) / r.iterations for m, r in runs.items()}
+    verify = [(0, step["ar"]), (K, step["pl"])]
+    costs = {
+      "pl": k_policy.costs_from_measurements(verify),
+      "dm": k_policy.costs_from_measurements(
+        verify, draft_per_token=max(step["dm"] - step["pl"], 0.0) / K
+      ),
+    }
+    row = {"batch": B, "prefill": dataclasses.asdict(pre)}
+    row["runs"] = {m: dataclasses.asdict(r) for m, r in runs.items()}
+    row["decode_tok_s"] = {c: {m: decode(r, c) for m, r in runs.items()} for c in ("wall", "cpu")}
+    for m, drafter, dp in (("pl", pl, ()), ("dm", dm, draft)):
+      alpha = k_policy.alpha_from_tokens_per_step(runs[m].tau, K)
+      policy = k_policy.KPolicy(((B, costs[m]),), k_max=K, min_gain=_MIN_GAIN.value)
+      k = policy.choose(alpha, B)
+      chosen = runs["ar"] if k == 0 else runs[m] if k == K else None
+      if chosen is None:
+        chosen = spec_run(dataclasses.replace(drafter, k=k), dp, x, n, reps)
+      row[f"policy_{m}"] = {
+        "alpha": alpha,
+        "k": k,
+        "predicted": policy.predicted_factor(alpha, B),
+        "decode_tok_s": {c: decode(chosen, c) for c in ("wall", "cpu")},
+      }
+    results.append(row)
+    print(json.dumps(row), flush=True)
+
+  for c in (clock, "wall" if clock == "cpu" else "cpu"):
+    label = "tokens per CPU-second" if c == "cpu" else "tokens per wall-clock second"
+    print(
+      f"\nDecode throughput, {label} ({'the policy used this clock' if c == clock else 'for reference'}):"
+    )
+    print(table(results, K, c))
+  print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump({"flags": flags.FLAGS.flag_values_dict(), "results": results}, f, indent=1)
+
+
+def _prefill_logits(p, x, n, *, cfg, capacity):
+  return prefill(p, cfg, x, n, capacity).logits
+
+
+def _ar(p, x, n, *, cfg, gen):
+  return generate(p, cfg, x, n, gen)
+
+
+def _smc(p, dp, x, n, *, cfg, drafter, smc, key):
+  return smc_generate(p, cfg, drafter, dp, x, n, smc, key)
+
+
+def table(results, K: int, clock: str) -> str:
+  head = (
+    f"| B | AR tok/s | PL K={K} | DM K={K} | SMC-SD | policy PL: K, alpha, x | "
+    f"policy DM: K, alpha, x |\n|---|---|---|---|---|---|---|"
+  )
+  lines = [head]
+  for r in results:
+    d = r["decode_tok_s"][clock]
+    ar = d["ar"]
+
+    def x(v, ar=ar):
+      return f"{v / ar:.2f}x"
+
+    smc = x(d["smc"]) if "smc" in d else "-"
+    pol = []
+    for m in ("pl", "dm"):
+      p = r[f"policy_{m}"]
+      pol.append(f"{p['k']}, {p['alpha']:.2f}, {x(p['decode_tok_s'][clock])}")
+    lines.append(
+      f"| {r['batch']} | {ar:.1f} | {x(d['pl'])} | {x(d['dm'])} | {smc} | {pol[0]} | {pol[1]} |"
+    )
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  app.run(main)
