@@ -5,9 +5,12 @@ transformers from the same GGUF file (`from_pretrained(dir, gguf_file=name)`). G
 `max_new_tokens` new tokens per row (no stop tokens in specjax; `min_new_tokens` in transformers),
 batch sizes 1 and 8 of chat prompts fed as the same token ids to both. Both are warmed up (jit
 compile / first call) before timing; timed runs alternate between the two in one process and the
-medians are compared. Also prints how many leading greedy tokens the two agree on (row 0).
+medians are compared. transformers is timed at each of `--torch_threads` (on a CPU shared with
+other jobs, torch's OpenMP threads can spin far more than they compute; XLA's thread pool is left
+at its default). Also prints, per row, how many greedy tokens the two agree on before the first
+stop token.
 
-  python benchmarks/ar_vs_transformers.py --reps=3
+  python benchmarks/ar_vs_transformers.py --reps=3 --torch_threads=1,2
 """
 
 import os
@@ -25,6 +28,9 @@ _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Registry name.")
 _BATCHES = flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "New tokens per row.")
 _REPS = flags.DEFINE_integer("reps", 3, "Timed runs of each implementation per batch size.")
+_TORCH_THREADS = flags.DEFINE_list(
+  "torch_threads", ["1", "2"], "torch intra-op thread counts to time (empty: torch's default)."
+)
 
 QUESTIONS = [
   "What is the capital of France?",
@@ -82,6 +88,21 @@ def jax_generate(
   return np.asarray(out.tokens), time.perf_counter() - t0
 
 
+def agreement(jax_tokens: np.ndarray, hf_tokens: np.ndarray, tok) -> str:
+  """How many leading greedy tokens agree per row, up to the row's first stop token.
+
+  Past a stop token the two differ by design: specjax keeps decoding, transformers' min_new_tokens
+  forbids EOS.
+  """
+  parts = []
+  for a, b in zip(jax_tokens, hf_tokens):
+    stops = np.flatnonzero(np.isin(a, tok.stop_ids))
+    n = int(stops[0]) if stops.size else len(a)
+    same = int(np.argmin(np.append(a[:n] == b[:n], False)))
+    parts.append(f"{same}/{n}")
+  return "leading tokens equal to transformers' before the first stop (per row): " + " ".join(parts)
+
+
 def main(argv):
   del argv
   import torch
@@ -92,31 +113,38 @@ def main(argv):
   chats = [tok.encode_chat([{"role": "user", "content": q}]) for q in QUESTIONS]
   gen = GenerateConfig(_MAX_NEW.value)  # no stop tokens: every row generates max_new_tokens
   pad = tok.eos_id or 0
+  threads = [int(t) for t in _TORCH_THREADS.value] or [torch.get_num_threads()]
   print(
     f"{_MODEL.value}, greedy, {_MAX_NEW.value} new tokens per row, median of {_REPS.value} "
-    f"alternating runs; {os.cpu_count()} CPUs; jax {jax.__version__} ({jax.devices()[0].platform}),"
-    f" torch {torch.__version__} ({torch.get_num_threads()} threads), transformers "
-    f"{transformers.__version__}\n"
+    f"alternating runs; {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; "
+    f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__}, "
+    f"transformers {transformers.__version__}\n"
   )
-  lines = ["| batch | specjax tok/s | transformers tok/s | specjax / transformers |"]
-  lines.append("|---:|---:|---:|---:|")
+  lines = ["| batch | implementation | tok/s | specjax / this |", "|---:|---|---:|---:|"]
   for b in map(int, _BATCHES.value):
     rows = [chats[i % len(chats)] for i in range(b)]
     jax_tokens, t_compile = jax_generate(params, cfg, rows, gen)  # compile
-    hf_tokens, _ = hf_generate(hf, rows, _MAX_NEW.value, pad)  # warm up
-    same = int(np.argmin(np.append(jax_tokens[0] == hf_tokens[0], False)))
-    print(f"batch {b}: first call (compile) {t_compile:.1f} s; row 0 agrees on {same} tokens")
-    t_jax, t_hf = [], []
-    for _ in range(_REPS.value):
-      t_jax.append(jax_generate(params, cfg, rows, gen)[1])
-      t_hf.append(hf_generate(hf, rows, _MAX_NEW.value, pad)[1])
-    n = b * _MAX_NEW.value
-    jax_tps, hf_tps = n / statistics.median(t_jax), n / statistics.median(t_hf)
+    for t in threads:  # warm up
+      torch.set_num_threads(t)
+      hf_tokens, _ = hf_generate(hf, rows, _MAX_NEW.value, pad)
     print(
-      f"  specjax {[round(t, 2) for t in t_jax]} s, transformers {[round(t, 2) for t in t_hf]} s"
+      f"batch {b}: first call (compile) {t_compile:.1f} s; {agreement(jax_tokens, hf_tokens, tok)}"
     )
-    lines.append(f"| {b} | {jax_tps:.1f} | {hf_tps:.1f} | {jax_tps / hf_tps:.2f}x |")
-  print("\n" + "\n".join(lines))
+    times: dict[str, list[float]] = {"specjax": []}
+    times.update({f"transformers, {t} torch threads": [] for t in threads})
+    for _ in range(_REPS.value):
+      times["specjax"].append(jax_generate(params, cfg, rows, gen)[1])
+      for t in threads:
+        torch.set_num_threads(t)
+        times[f"transformers, {t} torch threads"].append(
+          hf_generate(hf, rows, _MAX_NEW.value, pad)[1]
+        )
+    tps = {k: b * _MAX_NEW.value / statistics.median(v) for k, v in times.items()}
+    for name, ts in times.items():
+      print(f"  {name}: {[round(x, 2) for x in ts]} s")
+      lines.append(f"| {b} | {name} | {tps[name]:.1f} | {tps['specjax'] / tps[name]:.2f}x |")
+  print(f"\nload average at the end {os.getloadavg()[0]:.1f}\n")
+  print("\n".join(lines))
 
 
 if __name__ == "__main__":
