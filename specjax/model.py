@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig, rope_inv_freq
-from specjax.kv_cache import KVCache, write_rows
+from specjax.kernels import linear, linear_multi, swiglu, write_layer
+from specjax.kv_cache import KVCache
 
 
 @jax.tree_util.register_dataclass
@@ -163,45 +164,49 @@ def attention_mask(lengths: jax.Array, T: int, S: int, new_mask: jax.Array | Non
   return (rel < 0) | (in_new & allowed_new)
 
 
-def _layer(x, lp: LayerParams, k_all, v_all, layer_idx, positions, mask, lengths, cfg, inv_freq):
-  """One decoder layer on new tokens x [B, T, D]; writes this layer's K/V into the stacked cache."""
+def _layer(x, lp: LayerParams, i, k_all, v_all, positions, mask, lengths, cfg, inv_freq):
+  """Decoder layer i on new tokens x [B, T, D]; writes its K/V into the stacked cache.
+
+  `lp` holds every layer's weights and `i` (a traced scalar) picks this layer's, so that the CPU
+  kernel reads them in place instead of a copy sliced out per layer.
+  """
   B, T, _ = x.shape
   H, Hkv, Dh = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-  h = rms_norm(x, lp.attn_norm, cfg.norm_eps)
-  q = jnp.einsum("btd,fd->btf", h, lp.wq)
-  k = jnp.einsum("btd,fd->btf", h, lp.wk)
-  v = jnp.einsum("btd,fd->btf", h, lp.wv)
+  dt = x.dtype
+
+  def proj(h, w):
+    return linear(h, w, i).astype(dt)
+
+  h = rms_norm(x, lp.attn_norm[i], cfg.norm_eps)
+  q, k, v = linear_multi(h, (lp.wq, lp.wk, lp.wv), i)
   if lp.bq is not None:
-    q, k, v = q + lp.bq, k + lp.bk, v + lp.bv
+    q, k, v = q + lp.bq[i], k + lp.bk[i], v + lp.bv[i]
+  q, k, v = q.astype(dt), k.astype(dt), v.astype(dt)
   q = apply_rope(q.reshape(B, T, H, Dh), positions, inv_freq)
   k = apply_rope(k.reshape(B, T, Hkv, Dh), positions, inv_freq)
   v = v.reshape(B, T, Hkv, Dh)
 
-  k_layer = write_rows(k_all[layer_idx], k, lengths)  # [B, S, Hkv, Dh]
-  v_layer = write_rows(v_all[layer_idx], v, lengths)
-  k_all = jax.lax.dynamic_update_index_in_dim(k_all, k_layer, layer_idx, 0)
-  v_all = jax.lax.dynamic_update_index_in_dim(v_all, v_layer, layer_idx, 0)
+  k_all = write_layer(k_all, i, k, lengths)
+  v_all = write_layer(v_all, i, v, lengths)
+  k_layer, v_layer = k_all[i], v_all[i]  # [B, S, Hkv, Dh]
 
   G = H // Hkv
   qg = q.reshape(B, T, Hkv, G, Dh)
   scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_layer, preferred_element_type=jnp.float32)
   scores = scores * (Dh**-0.5)
   scores = jnp.where(mask[:, None, None], scores, -1e30)
-  probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+  probs = jax.nn.softmax(scores, axis=-1).astype(dt)
   attn = jnp.einsum("bkgts,bskd->btkgd", probs, v_layer).reshape(B, T, H * Dh)
-  x = x + jnp.einsum("btf,df->btd", attn, lp.wo)
+  x = x + proj(attn, lp.wo)
 
-  h = rms_norm(x, lp.mlp_norm, cfg.norm_eps)
-  gate = jnp.einsum("btd,fd->btf", h, lp.w_gate)
-  up = jnp.einsum("btd,fd->btf", h, lp.w_up)
-  x = x + jnp.einsum("btf,df->btd", jax.nn.silu(gate) * up, lp.w_down)
+  h = rms_norm(x, lp.mlp_norm[i], cfg.norm_eps)
+  x = x + proj(swiglu(h, lp.w_gate, lp.w_up, i).astype(dt), lp.w_down)
   return x, k_all, v_all
 
 
 def lm_head(params: Params, hidden: jax.Array) -> jax.Array:
   """Logits [..., V] in float32 from final hidden states [..., D]."""
-  w = params.embed if params.lm_head is None else params.lm_head
-  return jnp.einsum("...d,vd->...v", hidden, w, preferred_element_type=jnp.float32)
+  return linear(hidden, params.embed if params.lm_head is None else params.lm_head)
 
 
 def forward(
@@ -240,14 +245,15 @@ def forward(
   inv_freq = rope_inv_freq(cfg)
   x = params.embed[tokens].astype(cfg.jnp_dtype)
 
-  def body(carry, xs):
+  def body(carry, i):
     x, k_all, v_all = carry
-    lp, idx = xs
-    x, k_all, v_all = _layer(x, lp, k_all, v_all, idx, positions, mask, lengths, cfg, inv_freq)
+    x, k_all, v_all = _layer(
+      x, params.layers, i, k_all, v_all, positions, mask, lengths, cfg, inv_freq
+    )
     return (x, k_all, v_all), (x if hidden_layers else None)
 
   (x, k_all, v_all), per_layer = jax.lax.scan(
-    body, (x, cache.k, cache.v), (params.layers, jnp.arange(cfg.n_layers))
+    body, (x, cache.k, cache.v), jnp.arange(cfg.n_layers, dtype=jnp.int32)
   )
   layer_hidden = per_layer[jnp.asarray(list(hidden_layers))] if hidden_layers else None
   hidden = rms_norm(x, params.final_norm, cfg.norm_eps)

@@ -1,0 +1,340 @@
+// Small-M linear layers for XLA:CPU, called through the XLA FFI.
+//
+//   y[m, :] = concat_i(x[m, :] @ w_i[layer].T)            (epilogue 0: one or more weights)
+//   y[m, :] = silu(x[m, :] @ w_0[layer].T) * (x[m, :] @ w_1[layer].T)   (epilogue 1: SwiGLU)
+//
+// x is float32 [..., K], or bfloat16 when every w_i is (products then use the CPU's bf16 dot
+// instruction, accumulating in float32, where it has one); each w_i is float32 or bfloat16,
+// [N_i, K] or stacked [L, N_i, K] with `layer` picking one (read in place: no slice is
+// materialised); y is float32 [..., N]. Each
+// weight row is read from memory once per call and multiplied against every row of x while it
+// sits in L1, so for the few rows of a decode or verify step the cost stays that of streaming the
+// weights. Output rows are split into chunks run on XLA's intra-op thread pool; the calling thread
+// takes chunks too, so the call never depends on a pool thread being free.
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kLanes = 16;
+constexpr int kMaxWeights = 4;
+typedef float v16f __attribute__((vector_size(64), aligned(4)));
+typedef float v8f __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+
+inline v16f LoadF32(const float* p) {
+  v16f v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline v16f LoadW(const float* p) { return LoadF32(p); }
+
+inline v16f LoadW(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
+  v16h h;
+  std::memcpy(&h, p, sizeof(h));
+  v16u u = __builtin_convertvector(h, v16u) << 16;
+  v16f f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+inline float ToF32(float v) { return v; }
+inline float ToF32(uint16_t v) {
+  uint32_t u = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// Pairwise horizontal sum; a serial loop over the lanes would cost more than the dot products.
+inline float HSum(v16f v) {
+  v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+          __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  v4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
+  return (b[0] + b[2]) + (b[1] + b[3]);
+}
+
+// out[i * 4 + j] = x[m0 + i, :] . w[n0 + j, :] for an MB x NB tile.
+template <int MB, int NB, typename W>
+inline void Tile(const float* x, const W* w, int64_t K, int64_t m0, int64_t n0, float* out) {
+  v16f acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = v16f{};
+  const int64_t kv = K - K % kLanes;
+  for (int64_t k = 0; k < kv; k += kLanes) {
+    v16f wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = LoadW(w + (n0 + j) * K + k);
+    for (int i = 0; i < MB; ++i) {
+      v16f xv = LoadF32(x + (m0 + i) * K + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] += xv * wv[j];
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    for (int j = 0; j < NB; ++j) {
+      float s = HSum(acc[i][j]);
+      for (int64_t k = kv; k < K; ++k) s += x[(m0 + i) * K + k] * ToF32(w[(n0 + j) * K + k]);
+      out[i * 4 + j] = s;
+    }
+  }
+}
+
+template <int NB, typename W>
+inline void TileM(const float* x, const W* w, int64_t K, int64_t m0, int mb, int64_t n0,
+                  float* out) {
+  switch (mb) {
+    case 4: Tile<4, NB>(x, w, K, m0, n0, out); break;
+    case 3: Tile<3, NB>(x, w, K, m0, n0, out); break;
+    case 2: Tile<2, NB>(x, w, K, m0, n0, out); break;
+    default: Tile<1, NB>(x, w, K, m0, n0, out); break;
+  }
+}
+
+#if defined(__AVX512BF16__)
+// Tile for bfloat16 x and w: each instruction multiplies 32 pairs and accumulates in float32.
+template <int MB, int NB>
+inline void TileBf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t m0, int64_t n0,
+                     float* out) {
+  __m512 acc[MB][NB];
+  for (int i = 0; i < MB; ++i)
+    for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t kv = K - K % 32;
+  for (int64_t k = 0; k < kv; k += 32) {
+    __m512bh wv[NB];
+    for (int j = 0; j < NB; ++j) wv[j] = (__m512bh)_mm512_loadu_si512(w + (n0 + j) * K + k);
+    for (int i = 0; i < MB; ++i) {
+      __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (m0 + i) * K + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], xv, wv[j]);
+    }
+  }
+  for (int i = 0; i < MB; ++i) {
+    for (int j = 0; j < NB; ++j) {
+      float s = _mm512_reduce_add_ps(acc[i][j]);
+      for (int64_t k = kv; k < K; ++k) s += ToF32(x[(m0 + i) * K + k]) * ToF32(w[(n0 + j) * K + k]);
+      out[i * 4 + j] = s;
+    }
+  }
+}
+
+template <int NB>
+inline void TileMBf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t m0, int mb,
+                      int64_t n0, float* out) {
+  switch (mb) {
+    case 4: TileBf16<4, NB>(x, w, K, m0, n0, out); break;
+    case 3: TileBf16<3, NB>(x, w, K, m0, n0, out); break;
+    case 2: TileBf16<2, NB>(x, w, K, m0, n0, out); break;
+    default: TileBf16<1, NB>(x, w, K, m0, n0, out); break;
+  }
+}
+#endif
+
+struct Weight {
+  const void* data;  // this layer's [N, K]
+  bool bf16;
+  int64_t n;
+  int64_t col;  // first output column (epilogue 0)
+};
+
+template <typename W>
+inline void AnyTile(const float* x, const W* w, int64_t K, int64_t m0, int mb, int64_t n0, int nb,
+                    float* out) {
+  if (nb == 4) {
+    TileM<4>(x, w, K, m0, mb, n0, out);
+  } else {
+    for (int j = 0; j < nb; ++j) TileM<1>(x, w, K, m0, mb, n0 + j, out + j);
+  }
+}
+
+struct Input {
+  const float* f32;  // x as float32 (always set unless the bf16 product path is used)
+  const uint16_t* bf16;  // x as bfloat16 when the bf16 product path is used, else null
+};
+
+inline void WeightTile(const Input& x, const Weight& wt, int64_t K, int64_t m0, int mb,
+                       int64_t n0, int nb, float* out) {
+#if defined(__AVX512BF16__)
+  if (x.bf16 != nullptr) {
+    const uint16_t* w = static_cast<const uint16_t*>(wt.data);
+    if (nb == 4) {
+      TileMBf16<4>(x.bf16, w, K, m0, mb, n0, out);
+    } else {
+      for (int j = 0; j < nb; ++j) TileMBf16<1>(x.bf16, w, K, m0, mb, n0 + j, out + j);
+    }
+    return;
+  }
+#endif
+  if (wt.bf16) {
+    AnyTile(x.f32, static_cast<const uint16_t*>(wt.data), K, m0, mb, n0, nb, out);
+  } else {
+    AnyTile(x.f32, static_cast<const float*>(wt.data), K, m0, mb, n0, nb, out);
+  }
+}
+
+struct Problem {
+  Input x;
+  float* y;
+  int64_t M, K, ldy;
+  int epilogue;
+  Weight w[kMaxWeights];
+  int n_weights;
+};
+
+struct Chunk {
+  int weight;  // epilogue 0: which weight; epilogue 1: unused
+  int64_t begin, end;
+};
+
+// Output rows [c.begin, c.end) of one weight (or of the SwiGLU pair) for every row of x.
+void RunChunk(const Problem& p, const Chunk& c) {
+  float a[16], b[16];
+  for (int64_t n = c.begin; n < c.end; n += 4) {
+    const int nb = static_cast<int>(std::min<int64_t>(4, c.end - n));
+    for (int64_t m = 0; m < p.M; m += 4) {
+      const int mb = static_cast<int>(std::min<int64_t>(4, p.M - m));
+      if (p.epilogue == 1) {
+        WeightTile(p.x, p.w[0], p.K, m, mb, n, nb, a);
+        WeightTile(p.x, p.w[1], p.K, m, mb, n, nb, b);
+        for (int i = 0; i < mb; ++i)
+          for (int j = 0; j < nb; ++j) {
+            const float g = a[i * 4 + j];
+            p.y[(m + i) * p.ldy + n + j] = g / (1.f + std::exp(-g)) * b[i * 4 + j];
+          }
+      } else {
+        const Weight& wt = p.w[c.weight];
+        WeightTile(p.x, wt, p.K, m, mb, n, nb, a);
+        for (int i = 0; i < mb; ++i)
+          for (int j = 0; j < nb; ++j) p.y[(m + i) * p.ldy + wt.col + n + j] = a[i * 4 + j];
+      }
+    }
+  }
+}
+
+struct Job {
+  Problem problem;
+  std::vector<Chunk> chunks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+};
+
+void Work(Job& job) {
+  const int64_t total = static_cast<int64_t>(job.chunks.size());
+  for (;;) {
+    const int64_t c = job.next.fetch_add(1, std::memory_order_relaxed);
+    if (c >= total) return;
+    RunChunk(job.problem, job.chunks[c]);
+    job.done.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+void Run(ffi::ThreadPool& pool, int64_t max_threads, const Problem& problem) {
+  auto job = std::make_shared<Job>();
+  job->problem = problem;
+  int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  if (max_threads > 0) threads = std::min(threads, max_threads);
+  const int segments = problem.epilogue == 1 ? 1 : problem.n_weights;
+  int64_t rows_total = 0;
+  for (int s = 0; s < segments; ++s) rows_total += problem.w[s].n;
+  // Chunks of a multiple of 4 rows, about four per thread for balance, none tiny.
+  int64_t rows = (rows_total + threads * 4 - 1) / (threads * 4);
+  rows = std::max<int64_t>(threads > 1 ? 32 : rows_total, (rows + 3) / 4 * 4);
+  for (int s = 0; s < segments; ++s) {
+    for (int64_t b = 0; b < problem.w[s].n; b += rows) {
+      job->chunks.push_back({s, b, std::min(problem.w[s].n, b + rows)});
+    }
+  }
+  const int64_t total = static_cast<int64_t>(job->chunks.size());
+  const int64_t helpers = std::min<int64_t>(threads, total) - 1;
+  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { Work(*job); });
+  Work(*job);
+  while (job->done.load(std::memory_order_acquire) < total) std::this_thread::yield();
+}
+
+ffi::Error LinearImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> layer,
+                      ffi::RemainingArgs weights, ffi::ResultBuffer<ffi::F32> y,
+                      int64_t max_threads, int64_t epilogue) {
+  auto xd = x.dimensions();
+  if (xd.size() == 0) return ffi::Error::InvalidArgument("cpu_linear: x must be [..., K]");
+  Problem p;
+  std::vector<float> x_f32;  // bf16 x on a CPU without the bf16 dot instruction
+  if (x.element_type() == ffi::F32) {
+    p.x = {static_cast<const float*>(x.untyped_data()), nullptr};
+  } else if (x.element_type() == ffi::BF16) {
+    const uint16_t* xb = static_cast<const uint16_t*>(x.untyped_data());
+#if defined(__AVX512BF16__)
+    p.x = {nullptr, xb};
+#else
+    x_f32.resize(x.element_count());
+    for (size_t i = 0; i < x_f32.size(); ++i) x_f32[i] = ToF32(xb[i]);
+    p.x = {x_f32.data(), nullptr};
+#endif
+  } else {
+    return ffi::Error::InvalidArgument("cpu_linear: x must be float32 or bfloat16");
+  }
+  p.y = y->typed_data();
+  p.K = xd.back();
+  p.M = p.K ? x.element_count() / p.K : 0;
+  p.epilogue = static_cast<int>(epilogue);
+  p.n_weights = static_cast<int>(weights.size());
+  if (p.n_weights < 1 || p.n_weights > kMaxWeights || (epilogue == 1 && p.n_weights != 2)) {
+    return ffi::Error::InvalidArgument("cpu_linear: bad number of weights for the epilogue");
+  }
+  int64_t col = 0;
+  for (int i = 0; i < p.n_weights; ++i) {
+    auto w = weights.get<ffi::AnyBuffer>(i);
+    if (!w.has_value()) return ffi::Error::InvalidArgument("cpu_linear: weight is not a buffer");
+    auto wd = w->dimensions();
+    if ((wd.size() != 2 && wd.size() != 3) || wd.back() != p.K) {
+      return ffi::Error::InvalidArgument("cpu_linear: weights must be [N, K] or [L, N, K]");
+    }
+    const bool bf16 = w->element_type() == ffi::BF16;
+    if (!bf16 && w->element_type() != ffi::F32) {
+      return ffi::Error::InvalidArgument("cpu_linear: weights must be float32 or bfloat16");
+    }
+    if (x.element_type() == ffi::BF16 && !bf16) {
+      return ffi::Error::InvalidArgument("cpu_linear: bfloat16 x needs bfloat16 weights");
+    }
+    const int64_t n = wd[wd.size() - 2];
+    const int64_t l = wd.size() == 3 ? std::clamp<int64_t>(layer.typed_data()[0], 0, wd[0] - 1) : 0;
+    const char* base = static_cast<const char*>(w->untyped_data());
+    p.w[i] = {base + l * n * p.K * (bf16 ? 2 : 4), bf16, n, col};
+    col += n;
+  }
+  p.ldy = epilogue == 1 ? p.w[0].n : col;
+  if (epilogue == 1 && p.w[1].n != p.w[0].n) {
+    return ffi::Error::InvalidArgument("cpu_linear: SwiGLU weights differ in shape");
+  }
+  if (static_cast<int64_t>(y->element_count()) != p.M * p.ldy) {
+    return ffi::Error::InvalidArgument("cpu_linear: output has the wrong size");
+  }
+  if (p.M > 0) Run(pool, max_threads, p);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxCpuLinear, LinearImpl,
+                              ffi::Ffi::Bind()
+                                .Ctx<ffi::ThreadPool>()
+                                .Arg<ffi::AnyBuffer>()
+                                .Arg<ffi::Buffer<ffi::S32>>()
+                                .RemainingArgs()
+                                .Ret<ffi::Buffer<ffi::F32>>()
+                                .Attr<int64_t>("max_threads")
+                                .Attr<int64_t>("epilogue"));

@@ -1,0 +1,149 @@
+"""The CPU linear kernel against plain einsum: shapes, dtypes, stacked weights, gradients, vmap."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax.kernels.projection as linear_mod
+from specjax import kernels
+
+
+def _xla(x, w, layer):
+  return linear_mod._xla(x, (w,), layer, linear_mod._NONE)
+
+
+pytestmark = pytest.mark.skipif(
+  jax.default_backend() != "cpu" or not kernels.kernel_enabled(1),
+  reason=f"CPU kernels unavailable: {kernels.unavailable_reason()}",
+)
+
+
+def _ref(x, w, layer=None):
+  wl = (w if layer is None else w[layer]).astype(jnp.float32)
+  return jnp.einsum("...d,nd->...n", x.astype(jnp.float32), wl, precision="highest")
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 17])
+@pytest.mark.parametrize("n,d", [(7, 33), (130, 576)])
+def test_matches_einsum_stacked(rows, n, d):
+  kx, kw = jax.random.split(jax.random.PRNGKey(rows * 1000 + n + d))
+  x = jax.random.normal(kx, (rows, d))
+  w = jax.random.normal(kw, (3, n, d))
+  for layer in range(3):
+    got = jax.jit(kernels.linear)(x, w, jnp.int32(layer))
+    np.testing.assert_allclose(got, _ref(x, w, layer), rtol=1e-5, atol=1e-5 * np.sqrt(d))
+
+
+def test_layer_index_is_traced_and_weights_2d():
+  x = jax.random.normal(jax.random.PRNGKey(0), (2, 4, 96))
+  w = jax.random.normal(jax.random.PRNGKey(1), (5, 40, 96))
+  f = jax.jit(lambda x, w, i: kernels.linear(x, w, i))
+  np.testing.assert_allclose(f(x, w, 4), _ref(x, w, 4), rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(f(x, w, 1), _ref(x, w, 1), rtol=1e-5, atol=1e-4)
+  g = jax.jit(kernels.linear)(x, w[2])
+  assert g.shape == (2, 4, 40)
+  np.testing.assert_allclose(g, _ref(x, w[2]), rtol=1e-5, atol=1e-4)
+
+
+def test_bfloat16_weights_accumulate_in_float32():
+  x = jax.random.normal(jax.random.PRNGKey(2), (3, 576))
+  w = jax.random.normal(jax.random.PRNGKey(3), (2, 100, 576)).astype(jnp.bfloat16)
+  got = jax.jit(kernels.linear)(x, w, jnp.int32(1))
+  assert got.dtype == jnp.float32
+  np.testing.assert_allclose(got, _ref(x, w, 1), rtol=1e-5, atol=1e-4)
+  xb = x[:, :-7].astype(jnp.bfloat16)  # bf16 x too (K = 569 exercises the tail)
+  wb = w[..., :-7]
+  got = jax.jit(kernels.linear)(xb, wb, jnp.int32(0))
+  np.testing.assert_allclose(got, _ref(xb, wb, 0), rtol=1e-5, atol=1e-4)
+
+
+def test_kernel_is_used_on_cpu():
+  x = jnp.ones((2, 64))
+  w = jnp.ones((3, 8, 64))
+  hlo = jax.jit(kernels.linear).lower(x, w, jnp.int32(0)).compile().as_text()
+  assert "specjax_cpu_linear" in hlo
+  big = jnp.ones((kernels.MAX_KERNEL_ROWS + 1, 64))
+  hlo = jax.jit(kernels.linear).lower(big, w, jnp.int32(0)).compile().as_text()
+  assert "specjax_cpu_linear" not in hlo
+
+
+def test_multi_and_swiglu_match_einsum():
+  x = jax.random.normal(jax.random.PRNGKey(9), (2, 3, 80))
+  ws = [
+    jax.random.normal(jax.random.PRNGKey(10 + j), (4, n, 80)) for j, n in enumerate((24, 8, 13))
+  ]
+  f = jax.jit(lambda x, ws, i: kernels.linear_multi(x, ws, i))
+  for got, w in zip(f(x, ws, jnp.int32(3)), ws):
+    np.testing.assert_allclose(got, _ref(x, w, 3), rtol=1e-5, atol=1e-4)
+  wg, wu = ws[0].astype(jnp.bfloat16), ws[0][::-1].astype(jnp.bfloat16)
+  got = jax.jit(kernels.swiglu)(x, wg, wu, jnp.int32(1))
+  want = jax.nn.silu(_ref(x, wg, 1)) * _ref(x, wu, 1)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_gradients_match_plain_jax():
+  x = jax.random.normal(jax.random.PRNGKey(4), (3, 48))
+  w = jax.random.normal(jax.random.PRNGKey(5), (4, 20, 48))
+  c = jax.random.normal(jax.random.PRNGKey(6), (3, 20))
+
+  def loss(f):
+    return lambda x, w: jnp.sum(jnp.sin(f(x, w, jnp.int32(2))) * c)
+
+  got = jax.grad(loss(kernels.linear), argnums=(0, 1))(x, w)
+  want = jax.grad(loss(_xla), argnums=(0, 1))(x, w)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+  def loss2(x, wg, wu):
+    return jnp.sum(kernels.swiglu(x, wg, wu, jnp.int32(1)) * c)
+
+  def loss2_ref(x, wg, wu):
+    return jnp.sum(jax.nn.silu(_xla(x, wg, 1)) * _xla(x, wu, 1) * c)
+
+  args = (x, w, w[::-1] * 0.5)
+  got = jax.grad(loss2, argnums=(0, 1, 2))(*args)
+  want = jax.grad(loss2_ref, argnums=(0, 1, 2))(*args)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_vmap_over_activations():
+  x = jax.random.normal(jax.random.PRNGKey(7), (4, 2, 32))
+  w = jax.random.normal(jax.random.PRNGKey(8), (2, 16, 32))
+  got = jax.vmap(lambda xi: kernels.linear(xi, w, jnp.int32(1)))(x)
+  np.testing.assert_allclose(got, _ref(x, w, 1), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_write_layer_matches_dynamic_update_slice(dtype):
+  buf = jax.random.normal(jax.random.PRNGKey(11), (4, 3, 10, 2, 5)).astype(dtype)
+  new = jax.random.normal(jax.random.PRNGKey(12), (3, 4, 2, 5)).astype(dtype)
+  starts = jnp.asarray([0, 6, 3], jnp.int32)
+  want = buf
+  for b in range(3):
+    want = want.at[2, b, int(starts[b]) : int(starts[b]) + 4].set(new[b])
+  got = jax.jit(kernels.write_layer, donate_argnums=0)(buf.copy(), jnp.int32(2), new, starts)
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+  hlo = jax.jit(kernels.write_layer).lower(buf, jnp.int32(2), new, starts).compile().as_text()
+  assert "specjax_cpu_cache_write" in hlo
+
+
+def test_write_layer_gradient():
+  buf = jax.random.normal(jax.random.PRNGKey(13), (2, 2, 6, 3))
+  new = jax.random.normal(jax.random.PRNGKey(14), (2, 2, 3))
+  starts = jnp.asarray([1, 4], jnp.int32)
+  c = jax.random.normal(jax.random.PRNGKey(15), buf.shape)
+
+  def ref(buf, layer, new, starts):
+    for b in range(2):
+      buf = jax.lax.dynamic_update_slice(buf, new[b][None, None], (layer, b, starts[b], 0))
+    return buf
+
+  def loss(f):
+    return lambda buf, new: jnp.sum(jnp.sin(f(buf, jnp.int32(1), new, starts)) * c)
+
+  got = jax.grad(loss(kernels.write_layer), argnums=(0, 1))(buf, new)
+  want = jax.grad(loss(ref), argnums=(0, 1))(buf, new)
+  for a, b in zip(got, want):
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
