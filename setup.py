@@ -36,7 +36,7 @@ setup(
     version="0.1.0",
     description="Speculative decoding for large language models in JAX.",
     packages=find_packages(include=["specjax", "specjax.*", "train", "train.*", "experiments", "configs"]),
-    package_data={"specjax": ["data/*"]},
+    package_data={"specjax": ["kernels/*.cc", "drafters/shipped/*.json", "drafters/shipped/*.safetensors"]},
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS_REQUIRE,

@@ -9,7 +9,7 @@ kernels unavailable (and the model on its plain-JAX path), with the reason in `u
 
 Environment:
   SPECJAX_CPU_KERNELS=0  never build or use the kernels.
-  SPECJAX_CACHE_DIR      cache root (default ~/.cache/specjax).
+  SPECJAX_CACHE          cache root (default ~/.cache/specjax), shared with the model registry.
   CXX                    compiler (default c++).
 """
 
@@ -57,7 +57,7 @@ def _library_path() -> pathlib.Path:
   h.update(" ".join(_FLAGS).encode())
   h.update(jaxlib.__version__.encode())
   h.update(_cpu_flags().encode())
-  root = pathlib.Path(os.environ.get("SPECJAX_CACHE_DIR", "~/.cache/specjax")).expanduser()
+  root = pathlib.Path(os.environ.get("SPECJAX_CACHE") or "~/.cache/specjax").expanduser()
   return root / "kernels" / f"specjax_cpu_{h.hexdigest()[:16]}.so"
 
 
