@@ -1,11 +1,14 @@
 """Drafters: pure-function proposal mechanisms that plug into the speculative decode loop."""
 
 from specjax.drafters.base import Drafter, Proposal, StepResult
+from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
 from specjax.drafters.draft_model import (
   DraftModelDrafter,
   VocabularyMismatchError,
   check_same_vocabulary,
 )
+from specjax.drafters.eagle import EagleDrafter, EagleParams
+from specjax.drafters.medusa import MedusaDrafter, MedusaParams
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
 
 __all__ = [
@@ -16,4 +19,10 @@ __all__ = [
   "VocabularyMismatchError",
   "check_same_vocabulary",
   "PromptLookupDrafter",
+  "DraftLMDrafter",
+  "DraftLMParams",
+  "MedusaDrafter",
+  "MedusaParams",
+  "EagleDrafter",
+  "EagleParams",
 ]

@@ -1,0 +1,155 @@
+"""Every shipped drafter on real Spec-Bench prompts: cost ratio, acceptance, tau, speedup over AR.
+
+  python benchmarks/drafters_report.py --per_category=2 --max_new_tokens=128 \
+    --workdir=/tmp/specjax_drafters_report
+
+Greedy, batch 1, chain drafting with K=4, the first user turn of the first `per_category`
+prompts of each Spec-Bench category (the file is read from ../shared/data/spec_bench or
+$SPECJAX_SPEC_BENCH, never copied). For each drafter it prints:
+
+  c           measured cost ratio: seconds per drafted token (one `propose` of K tokens / K)
+              over seconds per target decode step (one token, batch 1), both jitted and timed
+              after compilation at the same cache length (the median of `--reps` calls);
+  verify      seconds of one K+1-token target verify pass over one decode step;
+  accept@i    per-pass acceptance of draft position i (accepted_at / target passes; vLLM's
+              per-position rate), and alpha_i (accepted_at / reached_at, EAGLE's conditional);
+  tau         emitted tokens per target pass (bonus token included);
+  speedup     Spec-Bench's mean over prompts of method tok/s over AR tok/s, same prompts.
+
+Every speculative output is checked against the AR output (`same as AR`). Per-prompt records go to
+WORKDIR/records.jsonl and a rerun resumes. Timings on a shared CPU are noisy; the script prints
+the machine's load average next to them.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from specjax.drafters.shipped import list_shipped, load_shipped
+from specjax.experiment.methods import Method, load_target
+from specjax.experiment.runner import Runner, run_suite
+from specjax.experiment.tables import markdown, summary_rows
+from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES, find_spec_bench, load_spec_bench
+from specjax.generate import GenerateConfig, pad_prompts, prefill
+from specjax.model import forward
+from specjax.sampling import SamplingConfig
+
+_PER_CATEGORY = flags.DEFINE_integer("per_category", 2, "Prompts per Spec-Bench category.")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated per prompt.")
+_K = flags.DEFINE_integer("k", 4, "Draft length K (chain).")
+_REPS = flags.DEFINE_integer("reps", 20, "Timed calls per cost measurement.")
+_DRAFTERS = flags.DEFINE_list("drafters", [], "Shipped drafter names (default: all).")
+_WORKDIR = flags.DEFINE_string("workdir", "/tmp/specjax_drafters_report", "Records directory.")
+_SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl path.")
+
+
+def _median_time(fn, *args, reps: int) -> float:
+  jax.block_until_ready(fn(*args))  # compile
+  times = []
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t0)
+  return statistics.median(times)
+
+
+def cost_ratios(target, shipped, k: int, reps: int, context: int = 256) -> dict:
+  """Measured c = (propose time / K) / (one-token target step) and the verify-pass ratio."""
+  params, cfg = target.params, target.cfg
+  rng = np.random.RandomState(0)
+  ids = rng.randint(100, 20000, context).tolist()
+  prompts, lens = pad_prompts([ids], bucket=context)
+  capacity = context + 64
+  drafter = shipped.drafter(k)
+  layers = tuple(drafter.hidden_layers)
+  pre = jax.jit(lambda p, x, n: prefill(p, cfg, x, n, capacity, layers))(params, prompts, lens)
+  seq = jnp.zeros((1, capacity), jnp.int32).at[:, :context].set(prompts)
+  seq = seq.at[0, context].set(jnp.argmax(pre.logits[0]))
+  seq_len = lens + 1
+  state = jax.jit(lambda dp, pre: drafter.init(dp, pre, prompts, lens, capacity))(
+    shipped.params, pre
+  )
+  greedy = SamplingConfig()
+  propose = jax.jit(lambda dp, st, s, n, key: drafter.propose(dp, st, s, n, key, greedy).tokens)
+  t_draft = _median_time(
+    propose, shipped.params, state, seq, seq_len, jax.random.PRNGKey(0), reps=reps
+  )
+  step = jax.jit(lambda p, t, c: forward(p, t, c, cfg).logits)
+  cache = pre.cache
+  t_step = _median_time(step, params, seq[:, context : context + 1], cache, reps=reps)
+  t_verify = _median_time(step, params, seq[:, context : context + k + 1], cache, reps=reps)
+  return {"c": t_draft / k / t_step, "verify": t_verify / t_step, "step_ms": 1e3 * t_step}
+
+
+def main(argv):
+  del argv
+  target = load_target("smollm2-135m-instruct")
+  names = _DRAFTERS.value or list_shipped()
+  if not names:
+    raise SystemExit("no shipped drafters in specjax/drafters/shipped")
+  k = _K.value
+  shipped = {n: load_shipped(n, target.params, target.cfg) for n in names}
+  print(f"# Shipped drafters on Spec-Bench (greedy, batch 1, chain K={k})\n")
+  print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
+  print("| drafter | kind | held-out top-1 (training metric) | c | verify/step | step ms |")
+  print("|---|---|---|---:|---:|---:|")
+  costs = {}
+  for n, s in shipped.items():
+    costs[n] = cost_ratios(target, s, k, _REPS.value)
+    held = ", ".join(
+      f"{a} {b:.3f}" for a, b in s.metadata["heldout"].items() if a != "eval_positions"
+    )
+    cst = costs[n]
+    print(
+      f"| {n} | {s.kind} | {held} | {cst['c']:.3f} | {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
+    )
+  methods = [Method(f"{n}_k{k}", s.drafter(k), s.params) for n, s in shipped.items()]
+  gen = GenerateConfig(max_new_tokens=_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
+  prompts = load_spec_bench(
+    find_spec_bench(_SPEC_BENCH.value), SPEC_BENCH_CATEGORIES, _PER_CATEGORY.value, turns=1
+  )
+  runner = Runner(target, methods, gen, log=lambda line: print(line, flush=True))
+  settings = {
+    "drafters": names,
+    "k": k,
+    "per_category": _PER_CATEGORY.value,
+    "max_new": _MAX_NEW.value,
+  }
+  records = run_suite(runner, prompts, _WORKDIR.value, settings, lambda x: print(x, flush=True))
+  rows = summary_rows(records)
+  print("\n" + markdown(rows) + "\n")
+  print(
+    "| category | drafter | "
+    + " | ".join(f"accept@{i + 1}" for i in range(k))
+    + " | "
+    + " | ".join(f"alpha_{i + 1}" for i in range(k))
+    + " |"
+  )
+  print("|---|---|" + "---:|" * (2 * k))
+  cats = list(dict.fromkeys(r["category"] for r in records)) + ["overall"]
+  for cat in cats:
+    recs = records if cat == "overall" else [r for r in records if r["category"] == cat]
+    for m in methods:
+      ms = [r["methods"][m.name] for r in recs]
+      passes = max(sum(x["target_passes"] for x in ms), 1)
+      acc = np.sum([x["accepted_at"] for x in ms], 0)
+      reach = np.maximum(np.sum([x["reached_at"] for x in ms], 0), 1)
+      print(
+        f"| {cat} | {m.name} | "
+        + " | ".join(f"{a / passes:.3f}" for a in acc)
+        + " | "
+        + " | ".join(f"{a:.3f}" for a in acc / reach)
+        + " |"
+      )
+  print(f"\nload average at the end: {os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,34 @@
+"""A 2-layer draft LM for SmolLM2-135M-Instruct on the target's embedding and LM-head rows.
+
+The draft starts as the target's first two layers followed by its final norm and the target's
+LM head restricted to an 8,192-token draft vocabulary, and is distilled (KL to the target's
+distribution) on the target's own responses.
+
+Commands (from the repository root):
+
+  python train/main.py --config=configs/train_draft_lm.py --workdir=/tmp/specjax_train_draft_lm
+  python train/main.py --config=configs/train_draft_lm.py:tiny --workdir=/tmp/dlm_tiny \
+    --config.target=/path/to/tiny_hf_dir
+"""
+
+import ml_collections
+
+from train.settings import apply_variant, base_config
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  config = base_config()
+  config.objective.kind = "draft_lm"
+  config.objective.n_layers = 2
+  config.objective.init_layers = (0, 1)
+  config.train.steps = 140  # ~20 min on a shared 2-core CPU
+  config.train.lr = 3e-4
+  config.train.batch_size = 4
+  config.train.warmup = 10
+  config.train.save_every = 10
+  config.ship.name = "draft-lm2-smollm2-135m"
+  config = apply_variant(config, arg)
+  if arg == "tiny":
+    config.objective.n_layers = 1
+    config.objective.init_layers = (0,)
+  return config

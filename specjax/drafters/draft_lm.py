@@ -1,0 +1,101 @@
+"""A small draft LM that shares the target's embedding and scores a reduced draft vocabulary.
+
+The draft is a few Llama decoder layers reading the target's own token embedding (not a copy: the
+same array is passed in at load time), with its own final norm and an LM head over Vd draft tokens
+mapped to target ids by `d2t` (`specjax.drafters.draft_vocab`). Drafting follows
+`DraftModelDrafter`: the draft cache holds seq[:c] with c in {seq_len - 2, seq_len - 1} at each
+propose and the first step feeds the two-token window seq[c : c + 2].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.config import ModelConfig
+from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.kv_cache import KVCache, init_cache, read_rows
+from specjax.model import LayerParams, Params, forward
+from specjax.sampling import SamplingConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class DraftLMParams:
+  """Weights of a draft LM (shapes omit the stacked layer axis of `layers`).
+
+  Attributes:
+    embed: [V, D] the target's token embedding (frozen, shared).
+    layers: the draft's decoder layers, stacked [L, ...].
+    final_norm: [D].
+    lm_head: [Vd, D] scores of the draft vocabulary.
+    d2t: [Vd] int32 target id of each draft token.
+  """
+
+  embed: jax.Array
+  layers: LayerParams
+  final_norm: jax.Array
+  lm_head: jax.Array
+  d2t: jax.Array
+
+  def as_model(self) -> Params:
+    """A `Params` whose forward pass returns draft-vocabulary logits [.., Vd]."""
+    return Params(self.embed, self.layers, self.final_norm, self.lm_head)
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftLMDrafter:
+  """Autoregressive drafting with a reduced-vocabulary draft LM.
+
+  Attributes:
+    cfg: the draft's config (vocab_size is the target's V; n_layers the draft's).
+    k: draft length K.
+  """
+
+  cfg: ModelConfig
+  k: int = 4
+  hidden_layers: tuple[int, ...] = ()
+
+  def capacity_slack(self) -> int:
+    return 1  # the junk slot of the two-token catch-up window
+
+  def init(self, params: DraftLMParams, prefill, prompts, prompt_lens, capacity: int) -> KVCache:
+    del prefill
+    cache = init_cache(self.cfg, prompts.shape[0], capacity)
+    first = jnp.zeros((prompts.shape[0], 1), jnp.int32)
+    out = forward(params.as_model(), prompts, cache, self.cfg, logit_positions=first)
+    return out.cache.with_lengths(prompt_lens)
+
+  def propose(
+    self, params: DraftLMParams, cache: KVCache, seq, seq_len, key, sampling: SamplingConfig
+  ) -> Proposal:
+    B, V = seq.shape[0], self.cfg.vocab_size
+    model = params.as_model()
+    keys = jax.random.split(key, self.k)
+    c = cache.lengths
+    window = read_rows(seq, c, 2)
+    out = forward(model, window, cache, self.cfg, logit_positions=(seq_len - 1 - c)[:, None])
+    tok0, logq0 = draw(keys[0], out.logits[:, 0], params.d2t, sampling)
+    cache = out.cache.with_lengths(seq_len)
+
+    def step(carry, key):
+      cache, tok = carry
+      out = forward(model, tok[:, None], cache, self.cfg)
+      nxt, logq = draw(key, out.logits[:, 0], params.d2t, sampling)
+      return (out.cache, nxt), (nxt, logq)
+
+    (cache, _), (toks, logqs) = jax.lax.scan(step, (cache, tok0), keys[1:])
+    tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], 1)  # [B, K]
+    logq = None
+    if not sampling.greedy:
+      logq_d = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)  # [B, K, Vd]
+      logq = scatter_logq(logq_d, params.d2t, V)
+    return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), cache)
+
+  def commit(self, params, cache: KVCache, seq, seq_len, step: StepResult) -> KVCache:
+    # Accepted drafts d_1..d_{K-1} were fed; d_K was drawn but not fed. Finished rows keep c.
+    valid = step.prev_seq_len + jnp.minimum(step.n_committed - 1, self.k - 1)
+    return cache.with_lengths(valid)

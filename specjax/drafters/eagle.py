@@ -1,0 +1,174 @@
+"""EAGLE heads (Li et al. 2024, 2025): one decoder layer that drafts in the target's feature space.
+
+Notation: x_t are tokens, f_t the target's feature at position t (after reading x_0..x_t; for
+EAGLE-1 the final post-norm hidden state, whose LM-head image is the target's distribution for
+x_{t+1}; for EAGLE-3 a learned fusion of the outputs of three target layers). The head reads the
+pair (x_{t+1}, g_t) at position t, where g_t = f_t when the target has computed it and the head's
+own previous output otherwise, and outputs o_t: EAGLE-1 regresses o_t onto f_{t+1} and scores
+x_{t+2} with the target's LM head; EAGLE-3 scores x_{t+2} with its own norm and head.
+
+    x_in = W_in [embed(x_{t+1}); g_t]        (W_in: [D, 2D])
+    o_t  = DecoderLayer(x_in)                (causal attention over the head's own KV cache)
+
+Drafting keeps a per-row KV cache of the head. Invariant at propose: slots [0, c) hold pairs
+computed from true target features and the m pending features f_c..f_{c+m-1} (verified by the
+last target pass, m = n_committed) are fed as one window, together with tokens x_{c+1}..x_{c+m}
+read from the sequence. The output at window index m - 1 (position seq_len - 2) gives draft token
+1; tokens 2..K feed (d_{j-1}, o) one at a time. `commit` rolls the cache back to c = prev_seq_len - 1
+(everything from there on was built on guesses) and stores the new verified features.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.config import ModelConfig
+from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
+from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.kernels import linear
+from specjax.kv_cache import KVCache, init_cache, read_rows, write_rows
+from specjax.model import LayerParams, attention_mask, rms_norm
+from specjax.sampling import SamplingConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EagleParams:
+  """Weights of an EAGLE head (layer weights without the stacked L axis).
+
+  Attributes:
+    w_in: [D, 2D] input projection of [embedding; feature].
+    layer: one decoder layer.
+    head: [Vd, D] draft-vocabulary LM head (the target's rows for EAGLE-1, trained for EAGLE-3).
+    d2t: [Vd] int32 target id of each draft token.
+    embed: [V, D] the target's token embedding (frozen, shared).
+    fuse: [D, n*D] fusion of the n target layers (EAGLE-3), or None.
+    norm: [D] norm before the head (EAGLE-3), or None (EAGLE-1 scores o_t directly).
+  """
+
+  w_in: jax.Array
+  layer: LayerParams
+  head: jax.Array
+  d2t: jax.Array
+  embed: jax.Array
+  fuse: jax.Array | None = None
+  norm: jax.Array | None = None
+
+
+def feature(params: EagleParams, hidden: jax.Array, layer_hidden: jax.Array | None) -> jax.Array:
+  """The head's feature g from the target: hidden [..., D] (EAGLE-1) or fused layers [n, ..., D]."""
+  if params.fuse is None:
+    return hidden.astype(jnp.float32)
+  cat = jnp.concatenate(list(layer_hidden.astype(jnp.float32)), -1)  # [..., n*D]
+  return linear(cat, params.fuse)
+
+
+def head_logits(params: EagleParams, o: jax.Array, eps: float) -> jax.Array:
+  """Draft-vocabulary logits [..., Vd] from head outputs o [..., D]."""
+  if params.norm is not None:
+    o = rms_norm(o, params.norm, eps)
+  return linear(o, params.head)
+
+
+def layer_inputs(params: EagleParams, tokens: jax.Array, g: jax.Array) -> jax.Array:
+  """W_in [embed(tokens); g]: [B, T] tokens and [B, T, D] features -> [B, T, D]."""
+  e = params.embed[tokens].astype(jnp.float32)
+  return linear(jnp.concatenate([e, g.astype(jnp.float32)], -1), params.w_in)
+
+
+def cached_layer(params: EagleParams, x, cache: KVCache, cfg: ModelConfig):
+  """The layer on T new inputs per row at slots cache.lengths + [0, T); returns (o, cache)."""
+  T = x.shape[1]
+  positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  q, k, v = project_qkv(params.layer, x, positions, cfg)
+  k_all = write_rows(cache.k[0], k, cache.lengths)
+  v_all = write_rows(cache.v[0], v, cache.lengths)
+  mask = attention_mask(cache.lengths, T, cache.capacity, None)
+  o = attend_and_mlp(params.layer, x, q, k_all, v_all, mask, cfg)
+  return o, KVCache(k_all[None], v_all[None], cache.lengths + T)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class EagleState:
+  """Per-row drafting state.
+
+  Attributes:
+    cache: the head's KV cache ([1, B, S, Hkv, Dh]); lengths = c, slots built from true features.
+    pending: [B, K + 1, D] verified features f_c.. not yet fed.
+    n_pending: [B] how many of them are valid.
+  """
+
+  cache: KVCache
+  pending: jax.Array
+  n_pending: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleDrafter:
+  """Chain drafting with an EAGLE-1 or EAGLE-3 head.
+
+  Attributes:
+    cfg: the head layer's config (n_layers = 1; vocab_size = the target's V).
+    k: draft length K.
+    hidden_layers: target layers fused by an EAGLE-3 head; () for EAGLE-1.
+  """
+
+  cfg: ModelConfig
+  k: int = 4
+  hidden_layers: tuple[int, ...] = ()
+
+  def capacity_slack(self) -> int:
+    return 1  # the pending window reads one token past the verified block
+
+  def init(self, params: EagleParams, prefill, prompts, prompt_lens, capacity: int) -> EagleState:
+    B, Tp = prompts.shape
+    g = feature(params, prefill.hidden, prefill.layer_hidden)  # [B, Tp, D]
+    cache = init_cache(self.cfg, B, capacity, jnp.float32)
+    if Tp > 1:  # pairs (x_{t+1}, f_t) for t < Tp - 1; slots at or past prompt_len - 1 are stale
+      x = layer_inputs(params, prompts[:, 1:], g[:, :-1])
+      _, cache = cached_layer(params, x, cache, self.cfg)
+    pending = jnp.zeros((B, self.k + 1, g.shape[-1]), jnp.float32)
+    pending = pending.at[:, 0].set(g[jnp.arange(B), prompt_lens - 1])
+    return EagleState(cache.with_lengths(prompt_lens - 1), pending, jnp.ones((B,), jnp.int32))
+
+  def propose(
+    self, params: EagleParams, state: EagleState, seq, seq_len, key, sampling: SamplingConfig
+  ) -> Proposal:
+    B = seq.shape[0]
+    keys = jax.random.split(key, self.k)
+    c, m = state.cache.lengths, state.n_pending
+    tokens = read_rows(seq, c + 1, self.k + 1)
+    o, cache = cached_layer(
+      params, layer_inputs(params, tokens, state.pending), state.cache, self.cfg
+    )
+    o_last = o[jnp.arange(B), jnp.maximum(m - 1, 0)]  # [B, D], at position seq_len - 2
+    tok0, logq0 = draw(
+      keys[0], head_logits(params, o_last, self.cfg.norm_eps), params.d2t, sampling
+    )
+    cache = cache.with_lengths(c + m)
+
+    def step(carry, key):
+      cache, tok, o_prev = carry
+      x = layer_inputs(params, tok[:, None], o_prev[:, None])
+      o, cache = cached_layer(params, x, cache, self.cfg)
+      nxt, logq = draw(key, head_logits(params, o[:, 0], self.cfg.norm_eps), params.d2t, sampling)
+      return (cache, nxt, o[:, 0]), (nxt, logq)
+
+    (cache, _, _), (toks, logqs) = jax.lax.scan(step, (cache, tok0, o_last), keys[1:])
+    drafted = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], 1)  # [B, K]
+    logq = None
+    if not sampling.greedy:
+      logq_d = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)
+      logq = scatter_logq(logq_d, params.d2t, self.cfg.vocab_size)
+    state = EagleState(cache, state.pending, state.n_pending)
+    return Proposal(drafted, logq, jnp.full((B,), self.k, jnp.int32), state)
+
+  def commit(self, params: EagleParams, state: EagleState, seq, seq_len, step: StepResult):
+    g = feature(params, step.hidden, step.layer_hidden)  # [B, K + 1, D]
+    cache = state.cache.with_lengths(jnp.maximum(step.prev_seq_len - 1, 0))
+    return EagleState(cache, g, step.n_committed.astype(jnp.int32))

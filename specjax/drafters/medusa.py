@@ -1,0 +1,99 @@
+"""Medusa-1 heads (Cai et al. 2024): K extra heads on the target's final hidden state.
+
+Head k maps the target's hidden state h_t (after reading x_0..x_t; the target's own LM head on h_t
+predicts x_{t+1}) through a residual block h + SiLU(W_k h + b_k), which starts as the identity
+(W_k = 0, b_k = 0), to the token x_{t+k+2}. All heads share the target's LM head restricted to a
+draft vocabulary (`head` = rows d2t of the target's output matrix, gathered at load time, frozen
+in training); Medusa-1 gives each head its own trainable copy, which would not fit a ~20 MB drafter
+for a 49k-token vocabulary.
+
+In the decode loop the last committed token x_{n-1} (n = seq_len) has not been fed to the target,
+so the newest hidden state is h_{n-2}: verification of the previous block computed it at index
+n_committed - 1 of `StepResult.hidden` (index 0 is the previously last token at prev_seq_len - 1).
+Head k then proposes x_{n+k}, i.e. draft token k + 1. Chain mode: one token per head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.sampling import SamplingConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MedusaParams:
+  """Weights of K Medusa heads.
+
+  Attributes:
+    w: [K, D, D] residual block weights ([out, in] layout).
+    b: [K, D] residual block biases.
+    head: [Vd, D] the target's LM head rows for the draft vocabulary (frozen, shared by heads).
+    d2t: [Vd] int32 target id of each draft token.
+  """
+
+  w: jax.Array
+  b: jax.Array
+  head: jax.Array
+  d2t: jax.Array
+
+
+def medusa_logits(params: MedusaParams, h: jax.Array) -> jax.Array:
+  """Draft-vocabulary logits of every head: h [..., D] -> [..., K, Vd] float32."""
+  h = h.astype(jnp.float32)
+  z = jnp.einsum("...d,ked->...ke", h, params.w) + params.b
+  out = h[..., None, :] + jax.nn.silu(z)
+  return jnp.einsum("...kd,vd->...kv", out, params.head)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MedusaState:
+  """h: [B, D] the target's hidden state at position seq_len - 2 of each row."""
+
+  h: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaDrafter:
+  """Chain drafting with Medusa heads: draft token k + 1 is head k's choice.
+
+  Attributes:
+    vocab_size: the target's V (sampled proposals report q over it).
+    k: draft length K, at most the number of heads.
+  """
+
+  vocab_size: int
+  k: int = 4
+  hidden_layers: tuple[int, ...] = ()
+
+  def capacity_slack(self) -> int:
+    return 0
+
+  def init(self, params: MedusaParams, prefill, prompts, prompt_lens, capacity: int):
+    del params, prompts, capacity
+    rows = jnp.arange(prefill.hidden.shape[0])
+    return MedusaState(prefill.hidden[rows, prompt_lens - 1].astype(jnp.float32))
+
+  def propose(
+    self, params: MedusaParams, state: MedusaState, seq, seq_len, key, sampling: SamplingConfig
+  ) -> Proposal:
+    if self.k > params.w.shape[0]:
+      raise ValueError(f"k={self.k} exceeds the {params.w.shape[0]} trained Medusa heads")
+    B = seq.shape[0]
+    sub = jax.tree.map(lambda a: a[: self.k], (params.w, params.b))
+    logits = medusa_logits(dataclasses.replace(params, w=sub[0], b=sub[1]), state.h)  # [B, K, Vd]
+    tokens, logq_d = draw(key, logits, params.d2t, sampling)
+    logq = None if sampling.greedy else scatter_logq(logq_d, params.d2t, self.vocab_size)
+    return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), state)
+
+  def commit(self, params, state: MedusaState, seq, seq_len, step: StepResult) -> MedusaState:
+    B = step.hidden.shape[0]
+    idx = jnp.maximum(step.n_committed - 1, 0)
+    h = step.hidden[jnp.arange(B), idx].astype(jnp.float32)
+    return MedusaState(jnp.where((step.n_committed > 0)[:, None], h, state.h))

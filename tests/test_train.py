@@ -1,0 +1,313 @@
+"""Drafter training: self-distilled features, data order, resumable training, every drafter kind
+trained, shipped, reloaded and exact in the speculative loop, and evaluation prompts kept out of
+the training data. Everything runs on a tiny random Llama target except the data-recipe check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from toy_models import tiny_model
+
+from specjax.drafters.eagle import head_logits
+from specjax.drafters.shipped import ShippedDrafterError, load_shipped
+from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
+from specjax.kv_cache import init_cache
+from specjax.loading.hf import save_hf
+from specjax.metrics import summarize
+from specjax.model import forward, lm_head
+from specjax.sampling import SamplingConfig
+from specjax.speculative import speculative_generate
+from train import decontam, pipeline, prompts, sources
+from train.data import Batch, Windows, step_windows
+from train.loop import make_optimizer, read_metrics
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_config(name: str, arg: str = "tiny"):
+  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  """A tiny random target saved as a Hugging Face directory, and its feature cache."""
+  root = tmp_path_factory.mktemp("train")
+  params, cfg = tiny_model(0, vocab=64)
+  save_hf(str(root / "target"), params, cfg)
+  config = tiny_config("train_medusa", root)
+  s = pipeline.settings_from_config(config)
+  store, manifest = pipeline.ensure_features(s, params, cfg, None, lambda _: None)
+  return root, params, cfg, store, manifest
+
+
+def tiny_config(name: str, root, **objective):
+  config = load_config(name)
+  config.target = str(root / "target")
+  config.data.cache_dir = str(root / "features")
+  config.ship.dir = str(root / "shipped")
+  config.objective.update(objective)
+  return config
+
+
+def test_features_are_the_targets_greedy_responses(tiny):
+  _, params, cfg, store, manifest = tiny
+  assert manifest["n_prompts"] == 64 and len(store.doc_lens) == 64
+  assert store.heldout.sum() == 12
+  for d in (0, 7, 19):
+    s, n, p = store.doc_starts[d], store.doc_lens[d], store.prompt_lens[d]
+    toks = jnp.asarray(store.tokens[s : s + n])[None]
+    out = forward(params, toks, init_cache(cfg, 1, n), cfg)
+    np.testing.assert_allclose(store.hidden[s : s + n], out.hidden[0], atol=2e-2, rtol=1e-2)
+    greedy = np.asarray(jnp.argmax(lm_head(params, out.hidden[0]), -1))
+    np.testing.assert_array_equal(greedy[p - 1 : n - 1], store.tokens[s + p : s + n])
+    ar = generate(params, cfg, toks[:, :p], jnp.asarray([p]), GenerateConfig(max_new_tokens=8))
+    np.testing.assert_array_equal(
+      np.asarray(ar.tokens[0, : min(8, n - p)]), store.tokens[s + p : s + min(n, p + 8)]
+    )
+
+
+def test_data_order_is_a_pure_function_of_the_step(tiny):
+  store = tiny[3]
+  w = Windows(store, 32, heldout=False)
+  n, B = w.n_windows, 4
+  first = [step_windows(n, B, 0, s) for s in range(n // B)]
+  assert all((a == step_windows(n, B, 0, s)).all() for s, a in enumerate(first))
+  assert len(np.unique(np.concatenate(first))) == (n // B) * B  # no repeats inside an epoch
+  assert not (step_windows(n, B, 1, 0) == first[0]).all()  # the seed matters
+  b = w.batch(first[0])
+  assert isinstance(b, Batch) and b.tokens.shape == (B, 32) and b.hidden.shape == (B, 32, 32)
+  # Positions restart at every document boundary and count up inside a document.
+  doc, pos = np.asarray(b.doc), np.asarray(b.pos)
+  same = doc[:, 1:] == doc[:, :-1]
+  assert (pos[:, 1:][same] == pos[:, :-1][same] + 1).all()
+  assert (pos[:, 1:][~same & (doc[:, 1:] >= 0)] == 0).all()
+
+
+@pytest.mark.parametrize("name", ["train_draft_lm", "train_medusa", "train_eagle"])
+def test_optimizer_state_holds_no_target_arrays(tiny, name):
+  root, params, cfg = tiny[:3]
+  s = pipeline.settings_from_config(tiny_config(name, root))
+  objective = pipeline.make_objective(s.objective, cfg)
+  trainable, frozen = objective.init(jax.random.PRNGKey(0), params, cfg, np.arange(48))
+  size = lambda t: sum(x.size for x in jax.tree.leaves(t))  # noqa: E731
+  opt_state = make_optimizer(s.train).init(trainable)
+  assert size(opt_state) <= 2 * size(trainable) + 8  # Adam moments of the trainable tree only
+  assert size(frozen) > 0 and "embed" not in trainable and "head" not in trainable
+
+
+def _losses(path: str) -> dict[int, list[float]]:
+  out: dict[int, list[float]] = {}
+  for r in read_metrics(path):
+    if "loss" in r:
+      out.setdefault(r["step"], []).append(r["loss"])
+  return out
+
+
+def test_sigkill_and_resume_reproduces_the_loss_curve(tiny, tmp_path):
+  root = tiny[0]
+  overrides = {"steps": 240, "save_every": 40, "log_every": 1000, "eval_windows": 0}
+  config = tiny_config("train_medusa", root)
+  config.train.update(overrides)
+  killed = tmp_path / "killed"
+  cmd = [
+    sys.executable,
+    os.path.join(REPO, "train", "main.py"),
+    "--config",
+    os.path.join(REPO, "configs", "train_medusa.py") + ":tiny",
+    f"--workdir={killed}",
+    f"--config.target={config.target}",
+    f"--config.data.cache_dir={config.data.cache_dir}",
+  ] + [f"--config.train.{k}={v}" for k, v in overrides.items()]
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    straight = tmp_path / "straight"
+    pipeline.run(config, str(straight), lambda _: None)
+    metrics = killed / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+      if metrics.exists() and max(_losses(str(metrics)), default=0) >= 100:
+        break
+      time.sleep(0.02)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+  lines = []
+  pipeline.run(config, str(killed), lines.append)
+  resumed_from = [int(x.split()[-1]) for x in lines if x.startswith("resumed from step")]
+  assert resumed_from and 40 <= resumed_from[0] < 240
+  ref, got = _losses(str(straight / "metrics.jsonl")), _losses(str(killed / "metrics.jsonl"))
+  assert sorted(got) == sorted(ref) == list(range(1, 241))
+  for step, values in got.items():  # steps redone after the kill are identical too
+    np.testing.assert_allclose(values, ref[step] * len(values), rtol=1e-6, err_msg=f"step {step}")
+
+
+def test_stop_and_resume_eagle_in_process(tiny, tmp_path):
+  root = tiny[0]
+  config = tiny_config("train_eagle", root, steps=2)
+  config.train.update({"steps": 10, "save_every": 3, "eval_windows": 0})
+  pipeline.run(config, str(tmp_path / "a"), lambda _: None)
+  pipeline.run(config, str(tmp_path / "b"), lambda _: None, stop_after=5)  # checkpoint at 5
+  pipeline.run(config, str(tmp_path / "b"), lambda _: None)
+  a, b = _losses(str(tmp_path / "a/metrics.jsonl")), _losses(str(tmp_path / "b/metrics.jsonl"))
+  assert {k: v[-1] for k, v in a.items()} == pytest.approx({k: v[-1] for k, v in b.items()})
+
+
+KINDS = {
+  "draft_lm": ("train_draft_lm", {}),
+  "medusa": ("train_medusa", {}),
+  "eagle1": ("train_eagle", {}),  # the unrolled (steps > 1) objective is tested above and below
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_each_kind_learns_ships_and_decodes_exactly(tiny, kind):
+  root, params, cfg, store = tiny[:4]
+  name, objective = KINDS[kind]
+  config = tiny_config(name, root, **objective)
+  config.train.update({"steps": 60, "lr": 2e-3, "save_every": 1000})
+  config.ship.name = f"tiny-{kind}"
+  workdir = str(root / f"work_{kind}")
+  _, _, _, heldout, meta = pipeline.run(config, workdir, lambda _: None)
+  kl = {}  # the KL part of the loss (the loss itself includes the target's entropy)
+  for r in read_metrics(os.path.join(workdir, "metrics.jsonl")):
+    if "loss" in r:
+      kl[r["step"]] = sum(v for k, v in r.items() if k.startswith("kl"))
+  assert np.mean([kl[s] for s in range(51, 61)]) < 0.9 * np.mean([kl[s] for s in range(1, 6)])
+  assert meta["heldout"] == heldout and meta["sha256"] and meta["data"]["prompts_sha256"]
+  assert set(heldout) > {"eval_positions"} and all(
+    0 <= v <= 1 for k, v in heldout.items() if k != "eval_positions"
+  )
+  shipped = load_shipped(f"tiny-{kind}", params, cfg, config.ship.dir)
+  # Greedy speculative decoding with the shipped drafter on held-out prompts equals AR greedy.
+  docs = np.flatnonzero(store.heldout)
+  plist = [
+    list(store.tokens[store.doc_starts[d] : store.doc_starts[d] + store.prompt_lens[d]])
+    for d in docs
+  ]
+  P, L = pad_prompts(plist, bucket=16)
+  gen = GenerateConfig(max_new_tokens=24)
+  ar = generate(params, cfg, P, L, gen)
+  out = speculative_generate(params, cfg, shipped.drafter(3), shipped.params, P, L, gen)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  assert summarize(out.metrics)["drafted"] > 0
+
+
+def test_shipped_loader_verifies_checksum_target_and_shapes(tiny):
+  root, params, cfg = tiny[:3]
+  directory = root / "shipped"
+  if not (directory / "tiny-medusa.json").exists():
+    pytest.skip("needs the shipped tiny Medusa heads of the test above")
+  load_shipped("tiny-medusa", params, cfg, str(directory))
+  with pytest.raises(ShippedDrafterError, match="no shipped drafter"):
+    load_shipped("nope", params, cfg, str(directory))
+  with pytest.raises(ShippedDrafterError, match="target"):
+    load_shipped("tiny-medusa", params, cfg.replace(d_model=64), str(directory))
+  blob = (directory / "tiny-medusa.safetensors").read_bytes()
+  bad = directory / "bad"
+  bad.mkdir(exist_ok=True)
+  (bad / "tiny-medusa.json").write_text((directory / "tiny-medusa.json").read_text())
+  (bad / "tiny-medusa.safetensors").write_bytes(blob[:-1] + bytes([blob[-1] ^ 1]))
+  with pytest.raises(ShippedDrafterError, match="sha256"):
+    load_shipped("tiny-medusa", params, cfg, str(bad))
+
+
+def test_training_computation_is_what_the_drafters_run(tiny):
+  """Teacher-forced training logits equal the drafters' own logits on the same positions."""
+  root, params, cfg, store = tiny[:4]
+  d = int(np.argmax(store.doc_lens))
+  s, n = store.doc_starts[d], store.doc_lens[d]
+  toks = store.tokens[s : s + n]
+  batch = Batch(
+    jnp.asarray(toks)[None],
+    jnp.asarray(store.hidden[s : s + n], jnp.float32)[None],
+    None,
+    jnp.zeros((1, n), jnp.int32),
+    jnp.arange(n)[None],
+    jnp.ones((1, n), bool),
+  )
+  d2t = np.arange(64)
+  # Draft LM: training forward == specjax.model.forward of the same weights.
+  dlm = pipeline.make_objective(
+    dict(kind="draft_lm", n_layers=1, init_layers=(1,), train_head=True), cfg
+  )
+  tr, fr = dlm.init(jax.random.PRNGKey(0), params, cfg, d2t)
+  dp = dlm.draft_params(tr, fr)
+  ref = forward(dp.as_model(), batch.tokens, init_cache(dlm.cfg, 1, n), dlm.cfg).logits
+  np.testing.assert_allclose(dlm.logits(tr, fr, batch), ref, atol=1e-4, rtol=1e-4)
+  # EAGLE with 2 unrolled steps: step j at anchor a == the drafter's j-th proposal distribution.
+  eg = pipeline.make_objective(dict(kind="eagle", steps=2), cfg)
+  tr, fr = eg.init(jax.random.PRNGKey(1), params, cfg, d2t)
+  tr = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape), tr)
+  ep = eg.draft_params(tr, fr)
+  drafter = eg.drafter(2)
+  a = n - 6
+  pre = prefill(params, cfg, batch.tokens[:, : a + 1], jnp.asarray([a + 1]), 64)
+  state = drafter.init(ep, pre, batch.tokens[:, : a + 1], jnp.asarray([a + 1]), 64)
+  seq = jnp.zeros((1, 64), jnp.int32).at[0, :n].set(batch.tokens[0])
+  prop = drafter.propose(
+    ep, state, seq, jnp.asarray([a + 2]), jax.random.PRNGKey(3), SamplingConfig(1.0)
+  )
+  # Teacher-force the drafted first token so both computations see the same inputs.
+  toks2 = np.array(toks)
+  toks2[a + 2] = int(prop.tokens[0, 0])
+  out = forward(params, jnp.asarray(toks2)[None], init_cache(cfg, 1, n), cfg)
+  b2 = Batch(jnp.asarray(toks2)[None], out.hidden, None, batch.doc, batch.pos, batch.response)
+  o1, o2 = eg.unroll(tr, fr, b2)
+  for j, o in enumerate((o1, o2)):
+    ref = jax.nn.log_softmax(head_logits(ep, o[0, a], cfg.norm_eps))
+    np.testing.assert_allclose(prop.logq[0, j], ref, atol=2e-3, rtol=1e-3)
+
+
+def test_decontaminator_flags_exact_and_near_duplicates():
+  evals = {"x": ["Compose an engaging travel blog post about a recent trip to Hawaii.", "Hi"]}
+  clean = decontam.Decontaminator(evals)
+  assert not clean.is_clean("compose an ENGAGING travel blog post about a recent trip to Hawaii!!")
+  assert not clean.is_clean(
+    "Please: compose an engaging travel blog post about a recent trip to Hawaii, thanks."
+  )
+  assert not clean.is_clean("Hi")  # a short evaluation text contained whole
+  assert clean.is_clean("Write a poem about the sea and a lighthouse keeper at night.")
+  assert clean.is_clean("Compose an engaging poem.")  # a few shared words are not a duplicate
+  m = clean.match("x Compose an engaging travel blog post about a recent trip to Hawaii y")
+  assert m is not None and m.eval_set == "x" and m.eval_index == 0
+
+
+@pytest.mark.slow
+def test_training_prompts_exclude_every_evaluation_prompt(smollm2):
+  """The shipped drafters' prompt list is rebuilt, fingerprinted, and checked by a second,
+  independent method: no normalised evaluation prompt occurs inside a training prompt or
+  contains one, and no long word span is shared."""
+  recipe = prompts.PromptRecipe()
+  plist = prompts.build_prompts(recipe, smollm2.tokenizer)
+  shipped = os.path.join(REPO, "specjax", "drafters", "shipped")
+  for meta_file in [f for f in os.listdir(shipped) if f.endswith(".json")]:
+    with open(os.path.join(shipped, meta_file)) as f:
+      meta = json.load(f)
+    if meta["data"]["recipe"] == dataclasses.asdict(recipe):
+      assert meta["data"]["prompts_sha256"] == prompts.fingerprint(plist), meta_file
+  evals = [t for ts in sources.eval_texts().values() for t in ts]
+  norm_eval = [" ".join(decontam.normalize(t)) for t in evals]
+  norm_eval = [e for e in norm_eval if len(e) >= 20]
+  spans = {e[i : i + 60] for e in norm_eval if len(e) >= 60 for i in range(0, len(e) - 59, 30)}
+  for p in plist:
+    t = " ".join(decontam.normalize(p.text))
+    assert not any(e in t or (len(t) >= 20 and t in e) for e in norm_eval), p.text[:80]
+    assert not any(t[i : i + 60] in spans for i in range(0, max(len(t) - 59, 0))), p.text[:80]

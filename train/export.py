@@ -1,0 +1,81 @@
+"""Writes a trained drafter as shipped files: float16 safetensors plus JSON metadata."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from specjax.config import ModelConfig
+from specjax.drafters.shipped import flatten_trainable, sha256_file
+
+
+def objective_config(objective) -> dict:
+  """The objective's fields as JSON-able values (its `cfg` goes under head_cfg instead)."""
+  out = {}
+  for f in dataclasses.fields(objective):
+    v = getattr(objective, f.name)
+    if isinstance(v, ModelConfig):
+      continue
+    out[f.name] = list(v) if isinstance(v, tuple) else v
+  return out
+
+
+def export_drafter(
+  directory: str,
+  name: str,
+  objective,
+  trainable,
+  frozen,
+  target_name: str,
+  target_cfg: ModelConfig,
+  extra: dict,
+) -> dict:
+  """Saves `<name>.safetensors` (trainable weights as float16, d2t as int32) and `<name>.json`.
+
+  Args:
+    directory: destination (e.g. specjax/drafters/shipped).
+    name: file stem.
+    objective: the trained objective (its kind and configuration are recorded).
+    trainable: trained weights.
+    frozen: frozen pytree (only its `d2t` is saved).
+    target_name: how the target is named (registry key).
+    target_cfg: the target's config (vocabulary and width are checked at load).
+    extra: more metadata (data recipe, training settings and time, held-out metrics).
+
+  Returns:
+    The metadata written.
+  """
+  os.makedirs(directory, exist_ok=True)
+  tensors = {k: v.astype(np.float16) for k, v in flatten_trainable(trainable).items()}
+  tensors["d2t"] = np.asarray(frozen["d2t"], np.int32)
+  file = f"{name}.safetensors"
+  path = os.path.join(directory, file)
+  save_file(tensors, path + ".part")
+  os.replace(path + ".part", path)
+  head_cfg = getattr(objective, "cfg", None)
+  meta = {
+    "name": name,
+    "kind": objective.name,
+    "file": file,
+    "sha256": sha256_file(path),
+    "size_bytes": os.path.getsize(path),
+    "shapes": {k: list(v.shape) for k, v in tensors.items()},
+    "dtype": "float16 weights (loaded as float32), int32 d2t",
+    "config": objective_config(objective),
+    "head_cfg": dataclasses.asdict(head_cfg) if head_cfg is not None else None,
+    "target": {
+      "name": target_name,
+      "vocab_size": target_cfg.vocab_size,
+      "d_model": target_cfg.d_model,
+      "n_layers": target_cfg.n_layers,
+    },
+    **extra,
+  }
+  with open(os.path.join(directory, f"{name}.json.part"), "w") as f:
+    json.dump(meta, f, indent=1)
+  os.replace(os.path.join(directory, f"{name}.json.part"), os.path.join(directory, f"{name}.json"))
+  return meta

@@ -1,0 +1,213 @@
+"""The training loop: optax updates of the trainable pytree only, resumable from orbax checkpoints.
+
+`train` is deterministic given its inputs: batch s is a pure function of (seed, s) and nothing else
+is random, so a run stopped at any moment (even by SIGKILL) and restarted in the same work directory
+restores the last checkpoint and reproduces the loss curve an uninterrupted run would have drawn.
+Per-step metrics go to `metrics.jsonl` (one JSON object per line; a resumed run appends, so readers
+keep the last record of each step) and a progress line (step, loss, tokens/s, ETA) is logged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from train.checkpoint import Checkpointer
+from train.data import Windows, step_windows
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSettings:
+  """Optimisation and bookkeeping.
+
+  Attributes:
+    steps: optimizer steps.
+    batch_size: windows per step.
+    seq_len: positions per window.
+    lr: peak learning rate (AdamW).
+    warmup: linear warm-up steps.
+    min_lr_ratio: cosine decay floor, as a fraction of lr.
+    weight_decay: AdamW decay.
+    clip: global gradient-norm clip.
+    seed: data-order seed.
+    log_every: steps between progress lines.
+    eval_every: steps between held-out evaluations (0: only at the end).
+    save_every: steps between checkpoints.
+    eval_windows: held-out windows evaluated.
+  """
+
+  steps: int = 1000
+  batch_size: int = 8
+  seq_len: int = 256
+  lr: float = 1e-3
+  warmup: int = 50
+  min_lr_ratio: float = 0.1
+  weight_decay: float = 0.0
+  clip: float = 1.0
+  seed: int = 0
+  log_every: int = 10
+  eval_every: int = 0
+  save_every: int = 100
+  eval_windows: int = 16
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+  """step: scalar int32; params: the trainable pytree; opt_state: optax state of params only."""
+
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+
+def make_optimizer(s: TrainSettings) -> optax.GradientTransformation:
+  decay_steps = max(s.steps - s.warmup, 1)
+  schedule = optax.warmup_cosine_decay_schedule(
+    0.0, s.lr, max(s.warmup, 1), s.warmup + decay_steps, s.lr * s.min_lr_ratio
+  )
+  return optax.chain(
+    optax.clip_by_global_norm(s.clip), optax.adamw(schedule, weight_decay=s.weight_decay)
+  )
+
+
+def make_train_step(objective, optimizer: optax.GradientTransformation) -> Callable:
+  """jit(state, frozen, batch) -> (state, metrics); `frozen` is never differentiated."""
+
+  def step(state: TrainState, frozen, batch):
+    grad_fn = jax.value_and_grad(objective.loss, has_aux=True)
+    (loss, aux), grads = grad_fn(state.params, frozen, batch)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads), **aux}
+    return TrainState(state.step + 1, params, opt_state), metrics
+
+  return jax.jit(step, donate_argnums=(0,))
+
+
+def evaluate(objective, params, frozen, windows: Windows, n_windows: int, batch_size: int) -> dict:
+  """Held-out agreement: {metric: hits / count} over the first n_windows windows."""
+  fn = jax.jit(objective.evaluate)
+  sums: dict[str, np.ndarray] = {}
+  ids = np.arange(min(n_windows, windows.n_windows))
+  for lo in range(0, len(ids), batch_size):
+    out = fn(params, frozen, windows.batch(ids[lo : lo + batch_size]))
+    for k, (hits, count) in out.items():
+      sums[k] = sums.get(k, np.zeros(2)) + np.asarray([hits, count], np.float64)
+  result = {k: float(h / max(c, 1)) for k, (h, c) in sums.items()}
+  result["eval_positions"] = int(max((c for _, c in sums.values()), default=0))
+  return result
+
+
+class MetricsLog:
+  """Append-only JSONL of metrics; each line is flushed as soon as it is written."""
+
+  def __init__(self, path: str):
+    self.path = path
+    self._f = open(path, "a")
+
+  def write(self, record: dict) -> None:
+    self._f.write(json.dumps(record) + "\n")
+    self._f.flush()
+
+  def close(self) -> None:
+    self._f.close()
+
+
+def read_metrics(path: str) -> list[dict]:
+  """Records of a metrics JSONL, skipping a torn last line (a killed writer)."""
+  out = []
+  with open(path) as f:
+    for line in f:
+      try:
+        out.append(json.loads(line))
+      except json.JSONDecodeError:
+        continue
+  return out
+
+
+def _to_float(tree) -> dict:
+  return {k: float(v) for k, v in jax.device_get(tree).items()}
+
+
+def train(
+  objective,
+  trainable,
+  frozen,
+  train_windows: Windows,
+  eval_windows: Windows | None,
+  settings: TrainSettings,
+  workdir: str,
+  log: Callable[[str], None] = print,
+  stop_after: int | None = None,
+) -> tuple[Any, dict]:
+  """Trains (or resumes training) and returns (trainable params, final held-out metrics).
+
+  Args:
+    objective: a `train.objectives` objective.
+    trainable: initial trainable pytree (ignored when a checkpoint exists in workdir).
+    frozen: frozen pytree (target arrays, draft vocabulary).
+    train_windows: training stream.
+    eval_windows: held-out stream, or None.
+    settings: optimisation settings.
+    workdir: checkpoints and metrics.jsonl.
+    log: progress sink.
+    stop_after: stop (with a checkpoint) once this many steps are done; for tests and budgets.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  optimizer = make_optimizer(settings)
+  state = TrainState(jnp.zeros((), jnp.int32), trainable, optimizer.init(trainable))
+  ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+  if ckpt.latest_step() is not None:
+    state = ckpt.restore(jax.eval_shape(lambda: state))
+    log(f"resumed from step {int(state.step)}")
+  step_fn = make_train_step(objective, optimizer)
+  metrics = MetricsLog(os.path.join(workdir, "metrics.jsonl"))
+  last = settings.steps if stop_after is None else min(settings.steps, stop_after)
+  start = int(state.step)
+  t0, tokens_seen = time.time(), 0
+  try:
+    for s in range(start, last):
+      ids = step_windows(train_windows.n_windows, settings.batch_size, settings.seed, s)
+      batch = train_windows.batch(ids)
+      t_step = time.time()
+      state, m = step_fn(state, frozen, batch)
+      m = _to_float(m)
+      done = s + 1
+      if s == start:  # the first step compiles; rates count from the end of it
+        t0 = time.time()
+      else:
+        tokens_seen += int((np.asarray(batch.doc) >= 0).sum())
+      rate = tokens_seen / max(time.time() - t0, 1e-9)
+      metrics.write({"step": done, **m, "tokens_per_s": rate, "step_s": time.time() - t_step})
+      if done % settings.log_every == 0 or done == last:
+        eta = (last - done) * (time.time() - t0) / max(done - start - 1, 1) / 60
+        extra = " ".join(f"{k} {v:.3f}" for k, v in m.items() if k != "loss")
+        log(
+          f"step {done}/{settings.steps} loss {m['loss']:.4f} {extra} | {rate:.0f} tok/s | "
+          f"ETA {eta:.1f} min"
+        )
+      if done % settings.save_every == 0 or done == last:
+        ckpt.save(done, state)
+      if eval_windows is not None and settings.eval_every and done % settings.eval_every == 0:
+        ev = evaluate(objective, state.params, frozen, eval_windows, settings.eval_windows, 8)
+        metrics.write({"step": done, "eval": ev})
+        log(f"eval step {done}: " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+    final = {}
+    if eval_windows is not None:
+      final = evaluate(objective, state.params, frozen, eval_windows, settings.eval_windows, 8)
+      metrics.write({"step": int(state.step), "eval": final, "final": True})
+      log("held-out: " + " ".join(f"{k} {v:.4f}" for k, v in final.items()))
+  finally:
+    metrics.close()
+    ckpt.close()
+  return state.params, final

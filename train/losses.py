@@ -1,0 +1,61 @@
+"""Masked losses and agreement metrics over [B, T] windows of packed documents."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from train.data import Batch
+
+
+def ahead(x: jax.Array, k: int, fill=0) -> jax.Array:
+  """x[:, t + k] at every t (axis 1), `fill` past the end of the window."""
+  if k == 0:
+    return x
+  pad = jnp.full((x.shape[0], k) + x.shape[2:], fill, x.dtype)
+  return jnp.concatenate([x[:, k:], pad], 1)
+
+
+def same_doc(batch: Batch, k: int) -> jax.Array:
+  """[B, T] position t + k exists in the window and belongs to t's document."""
+  return (ahead(batch.doc, k, -1) == batch.doc) & (batch.doc >= 0)
+
+
+def doc_causal_mask(doc: jax.Array) -> jax.Array:
+  """[B, T, T] causal attention that stays inside each document."""
+  T = doc.shape[1]
+  causal = jnp.tril(jnp.ones((T, T), bool))[None]
+  return causal & (doc[:, :, None] == doc[:, None, :]) & (doc[:, None, :] >= 0)
+
+
+def masked_mean(x: jax.Array, mask: jax.Array) -> jax.Array:
+  m = mask.astype(jnp.float32)
+  return jnp.sum(x * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def soft_cross_entropy(logits: jax.Array, target_logp: jax.Array) -> jax.Array:
+  """-sum_v p(v) log q(v) per position ([..., V] -> [...]); p given as log-probabilities."""
+  logq = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+  return -jnp.sum(jnp.exp(target_logp) * logq, -1)
+
+
+def entropy(logp: jax.Array) -> jax.Array:
+  return -jnp.sum(jnp.exp(logp) * logp, -1)
+
+
+def smooth_l1(pred: jax.Array, target: jax.Array, beta: float = 1.0) -> jax.Array:
+  """Huber-style smooth L1 averaged over the last axis ([..., D] -> [...])."""
+  d = jnp.abs(pred.astype(jnp.float32) - target.astype(jnp.float32))
+  return jnp.mean(jnp.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta), -1)
+
+
+def target_logp(hidden: jax.Array, head: jax.Array) -> jax.Array:
+  """The target's distribution restricted to the draft vocabulary: log_softmax(h @ head.T)."""
+  return jax.nn.log_softmax(jnp.einsum("...d,vd->...v", hidden.astype(jnp.float32), head), -1)
+
+
+def agreement(logits: jax.Array, d2t: jax.Array, labels: jax.Array, mask: jax.Array):
+  """(hits, count): positions where d2t[argmax logits] equals the target's greedy token."""
+  pred = d2t[jnp.argmax(logits, -1)]
+  m = mask.astype(jnp.float32)
+  return jnp.sum((pred == labels) * m), jnp.sum(m)

@@ -1,0 +1,284 @@
+"""What each drafter kind trains and how: parameters, losses, held-out agreement, the drafter.
+
+An objective is a frozen (hashable, static) object. Its parameters come in two pytrees: `trainable`
+(differentiated, in the optimizer state) and `frozen` (the target's embedding and LM-head rows,
+the draft vocabulary map; an ordinary argument, never differentiated, never copied into the
+optimizer). Soft targets are the target's distribution restricted to the draft vocabulary,
+log_softmax(h @ head.T) with head = rows d2t of the target's (tied) output matrix, computed from
+the cached features; agreement is measured against the target's greedy token, which in the
+self-distilled responses is the next token of the document.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specjax.config import ModelConfig
+from specjax.drafters.decoder_layer import (
+  attend_and_mlp,
+  layer_at,
+  project_qkv,
+  self_attention_layer,
+)
+from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
+from specjax.drafters.eagle import EagleDrafter, EagleParams, feature, head_logits, layer_inputs
+from specjax.drafters.medusa import MedusaDrafter, MedusaParams, medusa_logits
+from specjax.model import Params, init_params, rms_norm
+from train.data import Batch
+from train.losses import (
+  agreement,
+  ahead,
+  doc_causal_mask,
+  entropy,
+  masked_mean,
+  same_doc,
+  smooth_l1,
+  soft_cross_entropy,
+  target_logp,
+)
+
+
+def output_matrix(target: Params) -> jax.Array:
+  return target.embed if target.lm_head is None else target.lm_head
+
+
+def _frozen(target: Params, d2t: jax.Array) -> dict:
+  d2t = jnp.asarray(d2t, jnp.int32)
+  return {"embed": target.embed, "head": output_matrix(target)[d2t], "d2t": d2t}
+
+
+def _kl_terms(logits, tlogp, mask):
+  ce = soft_cross_entropy(logits, tlogp)
+  return masked_mean(ce, mask), masked_mean(ce - entropy(tlogp), mask)
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftLMObjective:
+  """A few decoder layers on the target's embedding, distilled from the target (KL on p).
+
+  Attributes:
+    cfg: the draft's config (vocab_size = the target's V).
+    init_layers: target layers copied as the initial draft layers (len = cfg.n_layers), or ()
+      for random initialisation.
+    train_head: train the draft-vocabulary LM head (initialised from the target's rows); when
+      False the draft scores with the target's own rows, frozen (and not shipped).
+  """
+
+  cfg: ModelConfig
+  init_layers: tuple[int, ...] = ()
+  train_head: bool = False
+  name = "draft_lm"
+
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+    frozen = _frozen(target, d2t)
+    if self.init_layers:
+      idx = jnp.asarray(self.init_layers)
+      layers = jax.tree.map(lambda a: a[idx], target.layers)
+    else:
+      layers = init_params(key, self.cfg).layers
+    trainable = {"layers": layers, "final_norm": target.final_norm}
+    if self.train_head:
+      trainable["lm_head"] = frozen["head"]
+    return trainable, frozen
+
+  def logits(self, trainable: dict, frozen: dict, batch: Batch) -> jax.Array:
+    x = frozen["embed"][batch.tokens].astype(jnp.float32)
+    mask = doc_causal_mask(batch.doc)
+    for i in range(self.cfg.n_layers):
+      x = self_attention_layer(layer_at(trainable["layers"], i), x, batch.pos, mask, self.cfg)
+    h = rms_norm(x, trainable["final_norm"], self.cfg.norm_eps)
+    return jnp.einsum("btd,vd->btv", h, trainable.get("lm_head", frozen["head"]))
+
+  def loss(self, trainable, frozen, batch: Batch):
+    logits = self.logits(trainable, frozen, batch)
+    tlogp = target_logp(batch.hidden, frozen["head"])
+    mask = batch.response & (batch.doc >= 0)
+    ce, kl = _kl_terms(logits, tlogp, mask)
+    return ce, {"kl": kl}
+
+  def evaluate(self, trainable, frozen, batch: Batch) -> dict:
+    logits = self.logits(trainable, frozen, batch)
+    mask = batch.response & same_doc(batch, 1)
+    return {"top1": agreement(logits, frozen["d2t"], ahead(batch.tokens, 1), mask)}
+
+  def draft_params(self, trainable, frozen) -> DraftLMParams:
+    head = trainable.get("lm_head", frozen["head"])
+    return DraftLMParams(
+      frozen["embed"], trainable["layers"], trainable["final_norm"], head, frozen["d2t"]
+    )
+
+  def drafter(self, k: int) -> DraftLMDrafter:
+    return DraftLMDrafter(self.cfg, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class MedusaObjective:
+  """K Medusa-1 heads, head k distilled towards the target's distribution for x_{t+k+2}.
+
+  Attributes:
+    n_heads: K.
+    decay: head k's loss weight is decay ** k (0.8 in Medusa).
+    vocab_size: the target's V.
+  """
+
+  n_heads: int
+  vocab_size: int
+  decay: float = 0.8
+  name = "medusa"
+
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+    del key
+    D = tcfg.d_model
+    trainable = {  # zero weights: every residual block starts as the identity
+      "w": jnp.zeros((self.n_heads, D, D), jnp.float32),
+      "b": jnp.zeros((self.n_heads, D), jnp.float32),
+    }
+    frozen = _frozen(target, d2t)
+    del frozen["embed"]
+    return trainable, frozen
+
+  def _params(self, trainable, frozen) -> MedusaParams:
+    return MedusaParams(trainable["w"], trainable["b"], frozen["head"], frozen["d2t"])
+
+  def loss(self, trainable, frozen, batch: Batch):
+    tlogp = target_logp(batch.hidden, frozen["head"])  # [B, T, Vd]
+    logits = medusa_logits(self._params(trainable, frozen), batch.hidden)  # [B, T, K, Vd]
+    total, aux = 0.0, {}
+    for k in range(self.n_heads):
+      mask = same_doc(batch, k + 1) & ahead(batch.response, k + 1, False)
+      ce, kl = _kl_terms(logits[:, :, k], ahead(tlogp, k + 1), mask)
+      total = total + self.decay**k * ce
+      aux[f"kl_{k}"] = kl
+    return total, aux
+
+  def evaluate(self, trainable, frozen, batch: Batch) -> dict:
+    logits = medusa_logits(self._params(trainable, frozen), batch.hidden)
+    out = {}
+    for k in range(self.n_heads):
+      mask = same_doc(batch, k + 2) & ahead(batch.response, k + 1, False)
+      labels = ahead(batch.tokens, k + 2)
+      out[f"top1_head{k}"] = agreement(logits[:, :, k], frozen["d2t"], labels, mask)
+    return out
+
+  def draft_params(self, trainable, frozen) -> MedusaParams:
+    return self._params(trainable, frozen)
+
+  def drafter(self, k: int) -> MedusaDrafter:
+    return MedusaDrafter(self.vocab_size, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleObjective:
+  """An EAGLE head; EAGLE-1 when `fuse_layers` is empty, EAGLE-3 style otherwise.
+
+  Training unrolls `steps` draft steps on the head's own outputs (step 1 is EAGLE-1's
+  teacher-forced objective; more steps are EAGLE-3's training-time test): at step j the query for
+  anchor t reads (x_{t+j}, o^{j-1}_t) at position t + j - 1 and attends to the step-1 keys of
+  positions <= t and to its own keys of steps 2..j, exactly what the drafting cache holds.
+
+  Attributes:
+    cfg: the head layer's config (n_layers = 1, vocab_size = the target's V).
+    steps: unrolled draft steps.
+    fuse_layers: target layers fused into the feature (EAGLE-3), or ().
+    w_reg: weight of the feature regression (EAGLE-1; 0 for EAGLE-3).
+    w_cls: weight of the distillation cross-entropy.
+    decay: step j's weight is decay ** (j - 1).
+    init_layer: target layer whose weights initialise the head's layer (-1: random).
+  """
+
+  cfg: ModelConfig
+  steps: int = 1
+  fuse_layers: tuple[int, ...] = ()
+  w_reg: float = 1.0
+  w_cls: float = 0.1
+  decay: float = 0.8
+  init_layer: int = -1
+  name = "eagle"
+
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+    D = tcfg.d_model
+    k1, k2 = jax.random.split(key)
+    if self.init_layer >= 0:
+      layer = layer_at(target.layers, self.init_layer)
+    else:
+      layer = layer_at(init_params(k1, self.cfg.replace(n_layers=1)).layers, 0)
+    # W_in starts by passing the feature through: x_in = g (+ a small embedding term).
+    w_in = jnp.concatenate([0.02 * jax.random.normal(k2, (D, D)), jnp.eye(D)], 1)
+    trainable = {"w_in": w_in, "layer": layer}
+    frozen = _frozen(target, d2t)
+    if self.fuse_layers:
+      n = len(self.fuse_layers)
+      trainable["fuse"] = jnp.tile(jnp.eye(D), (1, n)) / n  # starts as the mean of the layers
+      trainable["norm"] = target.final_norm
+      trainable["head"] = frozen["head"]
+    return trainable, frozen
+
+  def params(self, trainable, frozen) -> EagleParams:
+    return EagleParams(
+      w_in=trainable["w_in"],
+      layer=trainable["layer"],
+      head=trainable.get("head", frozen["head"]),
+      d2t=frozen["d2t"],
+      embed=frozen["embed"],
+      fuse=trainable.get("fuse"),
+      norm=trainable.get("norm"),
+    )
+
+  def unroll(self, trainable, frozen, batch: Batch) -> list[jax.Array]:
+    """Head outputs o^j [B, T, D] for j = 1..steps (o^j_t aims at f_{t+j})."""
+    p = self.params(trainable, frozen)
+    T = batch.tokens.shape[1]
+    g = feature(p, batch.hidden, batch.layers)
+    ctx_mask = doc_causal_mask(batch.doc)
+    eye = jnp.broadcast_to(jnp.eye(T, dtype=bool)[None], ctx_mask.shape)
+    keys, values, outs = [], [], []
+    for j in range(1, self.steps + 1):
+      x = layer_inputs(p, ahead(batch.tokens, j), g)
+      q, k, v = project_qkv(p.layer, x, batch.pos + (j - 1), self.cfg)
+      keys.append(k)
+      values.append(v)
+      mask = jnp.concatenate([ctx_mask] + [eye] * (j - 1), -1)  # [B, T, j*T]
+      o = attend_and_mlp(
+        p.layer, x, q, jnp.concatenate(keys, 1), jnp.concatenate(values, 1), mask, self.cfg
+      )
+      outs.append(o)
+      g = o
+    return outs
+
+  def loss(self, trainable, frozen, batch: Batch):
+    p = self.params(trainable, frozen)
+    tlogp = target_logp(batch.hidden, frozen["head"])
+    total, aux = 0.0, {}
+    for j, o in enumerate(self.unroll(trainable, frozen, batch), 1):
+      mask = same_doc(batch, j) & ahead(batch.response, j, False)
+      ce, kl = _kl_terms(head_logits(p, o, self.cfg.norm_eps), ahead(tlogp, j), mask)
+      step_loss = self.w_cls * ce
+      if self.w_reg:
+        reg = masked_mean(smooth_l1(o, ahead(batch.hidden, j)), mask)
+        step_loss = step_loss + self.w_reg * reg
+        aux[f"reg_{j}"] = reg
+      total = total + self.decay ** (j - 1) * step_loss
+      aux[f"kl_{j}"] = kl
+    return total, aux
+
+  def evaluate(self, trainable, frozen, batch: Batch) -> dict:
+    p = self.params(trainable, frozen)
+    out = {}
+    for j, o in enumerate(self.unroll(trainable, frozen, batch), 1):
+      mask = same_doc(batch, j + 1) & ahead(batch.response, j, False)
+      logits = head_logits(p, o, self.cfg.norm_eps)
+      out[f"top1_step{j}"] = agreement(logits, frozen["d2t"], ahead(batch.tokens, j + 1), mask)
+    return out
+
+  def draft_params(self, trainable, frozen) -> EagleParams:
+    return self.params(trainable, frozen)
+
+  def drafter(self, k: int) -> EagleDrafter:
+    return EagleDrafter(self.cfg, k, hidden_layers=self.fuse_layers)
+
+
+Objective = Any  # DraftLMObjective | MedusaObjective | EagleObjective
