@@ -40,7 +40,12 @@ from absl import app, flags
 from specjax import k_policy
 from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
 from specjax.experiment.methods import load_target, truncate_layers
-from specjax.experiment.tasks import conversation, find_spec_bench, load_spec_bench
+from specjax.experiment.tasks import (
+  SPEC_BENCH_CATEGORIES,
+  conversation,
+  find_spec_bench,
+  load_spec_bench,
+)
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
 from specjax.metrics import summarize
 from specjax.smc import SMCConfig, smc_generate
@@ -48,6 +53,9 @@ from specjax.speculative import speculative_generate
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Registry name, HF dir or .gguf.")
 _SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl (default: shared).")
+_CATEGORIES = flags.DEFINE_list(
+  "categories", list(SPEC_BENCH_CATEGORIES), "Spec-Bench categories of the prompt pool."
+)
 _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch sizes.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 32, "Tokens generated per row.")
 _K = flags.DEFINE_integer("k", 4, "Draft length of the fixed-K runs (and the policy's largest K).")
@@ -91,7 +99,8 @@ def timed(fn, args, repeats: int):
 
 
 def short_prompts(tokenizer, n: int, bucket: int) -> list[list[int]]:
-  prompts = load_spec_bench(find_spec_bench(_SPEC_BENCH.value), turns=1)
+  path = find_spec_bench(_SPEC_BENCH.value)
+  prompts = load_spec_bench(path, _CATEGORIES.value, turns=1)
   by_cat: dict[str, list[list[int]]] = {}
   for p in prompts:
     ids = tokenizer.encode_chat(conversation(p.turns[:1], []))
