@@ -314,13 +314,13 @@ def test_run_py_end_to_end_and_resume(target, spec_bench, tmp_path):
     "--config.data.categories=qa,summarization",
   ]
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "[3/3] summarization #6" in out.stdout
   assert "| overall | prompt_lookup_k4 | 3 |" in out.stdout
   for name in ("records.jsonl", "summary.md", "summary.csv", "settings.json"):
     assert os.path.exists(os.path.join(workdir, name))
-  out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+  out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
   assert out.returncode == 0, out.stderr[-3000:]
   assert "resuming: 3 of 3" in out.stdout and "[1/" not in out.stdout
   bad = subprocess.run(cmd + ["--config.nope=1"], capture_output=True, text=True, env=env)
