@@ -11,13 +11,19 @@ read bandwidth that the script measures with a jitted reduction over a large arr
 
 Timing: every configuration is compiled and warmed first; then `--rounds` rounds each time every k
 once, in an order that alternates direction between rounds, so slow drifts on a shared machine hit
-all k alike. Ratios are medians over rounds of within-round ratios; the spread columns give the
+all k alike. Ratios are medians over rounds of within-round ratios; the IQR columns give the
 25th-75th percentile of those ratios, a direct measure of how noisy the machine was.
+
+`--baseline-model FILE` loads `forward` from another version of `specjax/model.py` (for example
+`git show a3ff7d5:specjax/model.py > /tmp/model_before.py`) and times it interleaved with the
+current one, call by call, so before/after comparisons see the same machine load; the AR loop is
+the same `generate` code traced with the baseline `forward`.
 
 Examples:
   python benchmarks/verify_cost.py                        # full table, random SmolLM2-shaped weights
   python benchmarks/verify_cost.py --quick                # k=1,2,4,8, batch 1, float32, 5 rounds
   python benchmarks/verify_cost.py --model smollm2-135m-instruct --skip-verify
+  python benchmarks/verify_cost.py --quick --baseline-model /tmp/model_before.py
   SPECJAX_CPU_KERNELS=0 python benchmarks/verify_cost.py  # the plain-JAX formulation on CPU
 """
 
@@ -26,15 +32,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 import platform
+import sys
 import time
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+import specjax.generate
 from specjax.config import ModelConfig
 from specjax.generate import GenerateConfig, generate
 from specjax.kv_cache import KVCache
@@ -88,13 +98,39 @@ def warm_cache(cfg: ModelConfig, batch: int, context: int, capacity: int, key) -
   return KVCache(k, v, jnp.full((batch,), context, jnp.int32))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
-def verify_step(params, tokens, cache, cfg):
+def load_forward(path: str):
+  """`forward` of another version of specjax/model.py (same signature), for before/after runs."""
+  spec = importlib.util.spec_from_file_location("specjax_baseline_model", path)
+  module = importlib.util.module_from_spec(spec)
+  sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+  spec.loader.exec_module(module)
+  return module.forward
+
+
+def make_verify_step(fwd):
   """One verify pass: k new tokens per row, logits at every one of them, cache updated."""
-  B, T = tokens.shape
-  pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  out = forward(params, tokens, cache, cfg, logit_positions=pos)
-  return out.logits, out.cache
+
+  @functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("cache",))
+  def step(params, tokens, cache, cfg):
+    B, T = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    out = fwd(params, tokens, cache, cfg, logit_positions=pos)
+    return out.logits, out.cache
+
+  return step
+
+
+def make_generate(fwd):
+  """`specjax.generate.generate` whose compiled loop calls `fwd` (the real one: itself)."""
+  if fwd is forward:
+    return generate
+  inner = specjax.generate._generate.__wrapped__
+  scope = {**inner.__globals__, "forward": fwd}
+  swapped = types.FunctionType(inner.__code__, scope, inner.__name__, inner.__defaults__)
+  jitted = jax.jit(swapped, static_argnames=("cfg", "gen"))
+  outer = generate
+  scope = {**outer.__globals__, "_generate": jitted}
+  return types.FunctionType(outer.__code__, scope, outer.__name__, outer.__defaults__)
 
 
 def _spread(r: np.ndarray) -> str:
@@ -102,35 +138,37 @@ def _spread(r: np.ndarray) -> str:
   return f"{mid:5.2f} [{lo:4.2f}-{hi:4.2f}]"
 
 
-def measure_verify(params, cfg, batch, ks, context, rounds, key) -> dict[int, np.ndarray]:
-  """Per-k arrays of per-round seconds for one verify step."""
+def measure_verify(params, cfg, batch, ks, context, rounds, key, impls):
+  """{impl: {k: per-round seconds}} for one verify step, impls and ks interleaved per round."""
   capacity = context + max(ks)
-  cache = warm_cache(cfg, batch, context, capacity, key)
   toks = {
     k: jax.random.randint(jax.random.fold_in(key, k), (batch, k), 0, cfg.vocab_size) for k in ks
   }
-  lengths = np.asarray(cache.lengths)  # the cache (lengths too) is donated at every call
+  steps = {name: make_verify_step(f) for name, f in impls.items()}
+  caches = {name: warm_cache(cfg, batch, context, capacity, key) for name in impls}
+  lengths = np.full((batch,), context, np.int32)  # the cache (lengths too) is donated every call
 
-  def run(k):
-    nonlocal cache
-    logits, c = verify_step(params, toks[k], cache, cfg)
+  def run(name, k):
+    logits, c = steps[name](params, toks[k], caches[name], cfg)
     _sync(logits)
-    cache = c.with_lengths(lengths)
+    caches[name] = c.with_lengths(lengths)
 
-  for k in ks:  # compile + warm
-    run(k)
-    run(k)
-  times = {k: [] for k in ks}
+  for name in impls:  # compile + warm
+    for k in ks:
+      run(name, k)
+      run(name, k)
+  times = {name: {k: [] for k in ks} for name in impls}
   for r in range(rounds):
     for k in ks if r % 2 == 0 else ks[::-1]:
-      t = time.perf_counter()
-      run(k)
-      times[k].append(time.perf_counter() - t)
-  return {k: np.asarray(v) for k, v in times.items()}
+      for name in impls if r % 2 == 0 else list(impls)[::-1]:
+        t = time.perf_counter()
+        run(name, k)
+        times[name][k].append(time.perf_counter() - t)
+  return {name: {k: np.asarray(v) for k, v in ts.items()} for name, ts in times.items()}
 
 
-def measure_ar(params, cfg, new_tokens, prompt_len, rounds, key) -> dict[str, float]:
-  """Greedy batch-1 AR: seconds for `new_tokens` tokens and per decode step (prefill excluded).
+def measure_ar(params, cfg, new_tokens, prompt_len, rounds, key, impls):
+  """Greedy batch-1 AR per impl: seconds for `new_tokens` tokens and per decode step.
 
   The decode-step time is (T(new_tokens) - T(1)) / (new_tokens - 1), both calls the same compiled
   function (per-row budgets are dynamic), so prefill and dispatch cancel.
@@ -138,22 +176,44 @@ def measure_ar(params, cfg, new_tokens, prompt_len, rounds, key) -> dict[str, fl
   prompt = jax.random.randint(key, (1, prompt_len), 0, cfg.vocab_size).astype(jnp.int32)
   lens = jnp.asarray([prompt_len], jnp.int32)
   gen = GenerateConfig(max_new_tokens=new_tokens)
+  gens = {name: make_generate(f) for name, f in impls.items()}
 
-  def run(budget):
-    out = generate(params, cfg, prompt, lens, gen, max_new_per_row=jnp.asarray([budget]))
+  def run(name, budget):
+    out = gens[name](params, cfg, prompt, lens, gen, max_new_per_row=jnp.asarray([budget]))
     _sync(out.tokens)
     return int(out.lengths[0])
 
-  assert run(new_tokens) == new_tokens and run(1) == 1  # compile; no stop tokens, so full length
-  full, one = [], []
+  for name in impls:  # compile; no stop tokens, so every row runs to its budget
+    assert run(name, new_tokens) == new_tokens and run(name, 1) == 1
+  full = {name: [] for name in impls}
+  one = {name: [] for name in impls}
   for _ in range(rounds):
-    for budget, acc in ((new_tokens, full), (1, one)):
-      t = time.perf_counter()
-      run(budget)
-      acc.append(time.perf_counter() - t)
-  full_s, one_s = float(np.median(full)), float(np.median(one))
-  step = (full_s - one_s) / (new_tokens - 1)
-  return {"total_s": full_s, "prefill_s": one_s, "step_s": step}
+    for name in impls:
+      for budget, acc in ((new_tokens, full), (1, one)):
+        t = time.perf_counter()
+        run(name, budget)
+        acc[name].append(time.perf_counter() - t)
+  out = {}
+  for name in impls:
+    full_s, one_s = float(np.median(full[name])), float(np.median(one[name]))
+    out[name] = {
+      "total_s": full_s,
+      "prefill_s": one_s,
+      "step_s": (full_s - one_s) / (new_tokens - 1),
+    }
+  return out
+
+
+def _print_verify(t, ks):
+  names = list(t)
+  head = " | ".join(f"{n} ms | {n} cost/cost(k=1) [IQR]" for n in names)
+  print(f"    k | {head}" + (" | after/before" if len(names) > 1 else ""))
+  for k in ks:
+    cells = [f"{np.median(t[n][k]) * 1e3:8.1f} | {_spread(t[n][k] / t[n][1])}" for n in names]
+    row = f"  {k:3d} | " + " | ".join(cells)
+    if len(names) > 1:
+      row += f" | {_spread(t[names[0]][k] / t[names[1]][k])}"
+    print(row)
 
 
 def main():
@@ -170,6 +230,7 @@ def main():
   p.add_argument("--ar-rounds", type=int, default=3)
   p.add_argument("--skip-verify", action="store_true")
   p.add_argument("--skip-ar", action="store_true")
+  p.add_argument("--baseline-model", default=None, help="a model.py to time interleaved with ours")
   p.add_argument("--quick", action="store_true", help="k=1,2,4,8, batch 1, float32, 5 rounds")
   p.add_argument("--json", default=None, help="also write the raw results here")
   a = p.parse_args()
@@ -180,6 +241,9 @@ def main():
     ks = (1,) + ks
   batches = [int(b) for b in a.batches.split(",")]
   dtypes = a.dtypes.split(",")
+  impls = {"after": forward} if a.baseline_model else {"specjax": forward}
+  if a.baseline_model:
+    impls["before"] = load_forward(a.baseline_model)
 
   from specjax import kernels
 
@@ -189,6 +253,7 @@ def main():
     f"{os.cpu_count()} cpus); jax {jax.__version__}; CPU kernels: "
     f"{'on' if kernels_on else 'off (' + str(kernels.unavailable_reason()) + ')'}"
   )
+  print(f"# load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
   bw = read_bandwidth()
   print(f"# read bandwidth (jitted sum over 512 MiB): {bw / 1e9:.1f} GB/s")
   key = jax.random.PRNGKey(0)
@@ -203,27 +268,28 @@ def main():
       cfg = dataclasses.replace(SMOLLM2_135M, dtype=dtype)
       params = init_params(key, cfg)
     wb = weight_bytes(params)
-    print(
-      f"\n## {dtype}: {wb / 1e6:.0f} MB of weights; bandwidth bound {wb / bw * 1e3:.1f} ms/pass"
-    )
+    bound = wb / bw
+    print(f"\n## {dtype}: {wb / 1e6:.0f} MB of weights; bandwidth bound {bound * 1e3:.1f} ms/pass")
     if not a.skip_verify:
       for b in batches:
-        t = measure_verify(params, cfg, b, ks, a.context, a.rounds, key)
-        base = t[1]
-        print(f"batch {b}: k | median ms | cost / cost(k=1) median [IQR]")
-        for k in ks:
-          print(f"  {k:3d} | {np.median(t[k]) * 1e3:8.1f} | {_spread(t[k] / base)}")
-        results["verify"][f"{dtype}/b{b}"] = {k: v.tolist() for k, v in t.items()}
+        t = measure_verify(params, cfg, b, ks, a.context, a.rounds, key, impls)
+        print(f"batch {b}, context {a.context}, {a.rounds} rounds:")
+        _print_verify(t, ks)
+        results["verify"][f"{dtype}/b{b}"] = {
+          n: {k: v.tolist() for k, v in tn.items()} for n, tn in t.items()
+        }
     if not a.skip_ar:
-      r = measure_ar(params, cfg, a.ar_tokens, 32, a.ar_rounds, key)
-      bound = wb / bw
-      print(
-        f"AR greedy batch 1, {a.ar_tokens} new tokens: {a.ar_tokens / r['total_s']:.1f} tok/s "
-        f"end to end; decode step {r['step_s'] * 1e3:.1f} ms = {1 / r['step_s']:.1f} tok/s "
-        f"= {bound / r['step_s'] * 100:.0f}% of the bandwidth bound ({1 / bound:.1f} tok/s)"
-      )
-      results["ar"][dtype] = {**r, "bound_s": bound}
+      r = measure_ar(params, cfg, a.ar_tokens, 32, a.ar_rounds, key, impls)
+      for name, rn in r.items():
+        print(
+          f"AR greedy batch 1 [{name}], {a.ar_tokens} new tokens: "
+          f"{a.ar_tokens / rn['total_s']:.1f} tok/s end to end; decode step "
+          f"{rn['step_s'] * 1e3:.1f} ms = {1 / rn['step_s']:.1f} tok/s = "
+          f"{bound / rn['step_s'] * 100:.0f}% of the bandwidth bound ({1 / bound:.1f} tok/s)"
+        )
+      results["ar"][dtype] = {n: {**rn, "bound_s": bound} for n, rn in r.items()}
     del params
+  print(f"\n# load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
   if a.json:
     with open(a.json, "w") as f:
       json.dump(results, f, indent=1)
