@@ -11,7 +11,8 @@ point the two checkpoint fields at them (nothing is downloaded):
 
 The head's fields mirror its config.json: one decoder layer at the target's width whose attention
 reads [embedding; fused feature] (2 x 4096), a draft vocabulary of 32,000 tokens with a d2t map, and
-a fusion of the outputs of three target layers (low, middle, high: 2, 16, 29 of 32, 0-based).
+a fusion of three target layers (EAGLE-3 reads the hidden states entering layers 2, 16 and 29 of 32,
+i.e. the outputs of layers 1, 15 and 28 in `forward(hidden_layers=...)` numbering).
 """
 
 import ml_collections
@@ -65,7 +66,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     }
   )
   c.drafter.draft_vocab = 32000
-  c.drafter.hidden_layers = (2, 16, 29)
+  c.drafter.hidden_layers = (1, 15, 28)  # EAGLE-3 reads the inputs of layers 2, L//2, L-3
   c.drafter.k = 6
   c.mesh.shape = (2, 4)
   c.decode.batch = 16
