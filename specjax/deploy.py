@@ -28,7 +28,9 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
+from specjax.drafters.tree_heads import MedusaHeadParams
 from specjax.kv_cache import KVCache
+from specjax.loading.heads import Eagle3HeadParams, Eagle3LayerParams
 from specjax.model import init_params
 from specjax.sharding import (
   DEFAULT_RULES,
@@ -188,44 +190,44 @@ def _sds(shape, dtype) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
-def eagle3_head_shapes(head: ModelConfig, draft_vocab: int, n_fused: int) -> dict:
-  """The published EAGLE-3 head's tensors, under specjax's logical field names.
+def eagle3_head_shapes(head: ModelConfig, draft_vocab: int, n_fused: int) -> Eagle3HeadParams:
+  """The published EAGLE-3 head (`specjax.loading.heads.Eagle3HeadParams`) as ShapeDtypeStructs.
 
   fc [D, n*D] fuses the target layers; the layer's q/k/v read [norm(embed); norm(feature)] (2D);
   its MLP, a norm before the head and the head [Vd, D]; d2t maps draft ids to target ids (the
-  target's embedding is shared, not stored). Norm names: input, hidden and post-attention norms.
+  target's embedding is shared, not stored).
   """
   D, F, dt = head.d_model, head.ffn_dim, head.jnp_dtype
   q, kv = head.n_heads * head.head_dim, head.n_kv_heads * head.head_dim
-  layer = {
-    "attn_norm": _sds((D,), dt),
-    "hidden_norm": _sds((D,), dt),
-    "mlp_norm": _sds((D,), dt),
-    "wq": _sds((q, 2 * D), dt),
-    "wk": _sds((kv, 2 * D), dt),
-    "wv": _sds((kv, 2 * D), dt),
-    "wo": _sds((D, q), dt),
-    "w_gate": _sds((F, D), dt),
-    "w_up": _sds((F, D), dt),
-    "w_down": _sds((D, F), dt),
-  }
-  return {
-    "fuse": _sds((D, n_fused * D), dt),
-    "layer": layer,
-    "norm": _sds((D,), dt),
-    "head": _sds((draft_vocab, D), dt),
-    "d2t": _sds((draft_vocab,), jnp.int32),
-  }
+  layer = Eagle3LayerParams(
+    attn_norm=_sds((D,), dt),
+    hidden_norm=_sds((D,), dt),
+    wq=_sds((q, 2 * D), dt),
+    wk=_sds((kv, 2 * D), dt),
+    wv=_sds((kv, 2 * D), dt),
+    wo=_sds((D, q), dt),
+    mlp_norm=_sds((D,), dt),
+    w_gate=_sds((F, D), dt),
+    w_up=_sds((F, D), dt),
+    w_down=_sds((D, F), dt),
+  )
+  return Eagle3HeadParams(
+    fuse=_sds((D, n_fused * D), dt),
+    layer=layer,
+    norm=_sds((D,), dt),
+    head=_sds((draft_vocab, D), dt),
+    d2t=_sds((draft_vocab,), jnp.int32),
+  )
 
 
-def medusa_head_shapes(target: ModelConfig, n_heads: int, n_blocks: int) -> dict:
-  """Published Medusa-1 heads: w [K, R, D, D], b [K, R, D] and an LM head [K, V, D] per head."""
+def medusa_head_shapes(target: ModelConfig, n_heads: int, n_blocks: int) -> MedusaHeadParams:
+  """Published Medusa-1 heads (`MedusaHeadParams`): w [K, R, D, D], b [K, R, D], lm_head [K, V, D]."""
   D, V, dt = target.d_model, target.vocab_size, target.jnp_dtype
-  return {
-    "w": _sds((n_heads, n_blocks, D, D), dt),
-    "b": _sds((n_heads, n_blocks, D), dt),
-    "lm_head": _sds((n_heads, V, D), dt),
-  }
+  return MedusaHeadParams(
+    w=_sds((n_heads, n_blocks, D, D), dt),
+    b=_sds((n_heads, n_blocks, D), dt),
+    lm_head=_sds((n_heads, V, D), dt),
+  )
 
 
 def abstract_drafter(dep: Deployment) -> Any:

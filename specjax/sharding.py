@@ -81,6 +81,7 @@ FIELD_AXES: dict[str, tuple[str | None, ...]] = {
   "hidden_norm": ("embed",),
   "d2t": ("ids",),
   "w_in": ("embed", "fused"),
+  "b_in": ("embed",),
   "fuse": ("embed", "fused"),
   "w": ("draft_heads", "mlp", "embed"),  # Medusa residual blocks [K, D_out, D_in]
   "b": ("draft_heads", "mlp"),
