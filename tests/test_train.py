@@ -71,8 +71,11 @@ def test_features_are_the_targets_greedy_responses(tiny):
   for d in (0, 7, 19):
     s, n, p = store.doc_starts[d], store.doc_lens[d], store.prompt_lens[d]
     toks = jnp.asarray(store.tokens[s : s + n])[None]
-    out = forward(params, toks, init_cache(cfg, 1, n), cfg)
+    out = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
     np.testing.assert_allclose(store.hidden[s : s + n], out.hidden[0], atol=2e-2, rtol=1e-2)
+    np.testing.assert_allclose(
+      store.layers[:, s : s + n], out.layer_hidden[:, 0], atol=2e-2, rtol=1e-2
+    )
     greedy = np.asarray(jnp.argmax(lm_head(params, out.hidden[0]), -1))
     np.testing.assert_array_equal(greedy[p - 1 : n - 1], store.tokens[s + p : s + n])
     ar = generate(params, cfg, toks[:, :p], jnp.asarray([p]), GenerateConfig(max_new_tokens=8))
@@ -173,7 +176,8 @@ def test_stop_and_resume_eagle_in_process(tiny, tmp_path):
 KINDS = {
   "draft_lm": ("train_draft_lm", {}),
   "medusa": ("train_medusa", {}),
-  "eagle1": ("train_eagle", {}),  # the unrolled (steps > 1) objective is tested above and below
+  "eagle1": ("train_eagle", {}),
+  "eagle3": ("train_eagle3", {"steps": 2}),
 }
 
 
@@ -298,11 +302,15 @@ def test_training_prompts_exclude_every_evaluation_prompt(smollm2):
   recipe = prompts.PromptRecipe()
   plist = prompts.build_prompts(recipe, smollm2.tokenizer)
   shipped = os.path.join(REPO, "specjax", "drafters", "shipped")
+  wanted = {k: v for k, v in dataclasses.asdict(recipe).items() if k != "n_heldout"}
+  checked = 0
   for meta_file in [f for f in os.listdir(shipped) if f.endswith(".json")]:
     with open(os.path.join(shipped, meta_file)) as f:
       meta = json.load(f)
-    if meta["data"]["recipe"] == dataclasses.asdict(recipe):
-      assert meta["data"]["prompts_sha256"] == prompts.fingerprint(plist), meta_file
+    assert meta["data"]["recipe"] == wanted, meta_file  # every shipped drafter uses this recipe
+    assert meta["data"]["prompts_sha256"] == prompts.fingerprint(plist), meta_file
+    checked += 1
+  assert checked == len([f for f in os.listdir(shipped) if f.endswith(".safetensors")])
   evals = [t for ts in sources.eval_texts().values() for t in ts]
   norm_eval = [" ".join(decontam.normalize(t)) for t in evals]
   norm_eval = [e for e in norm_eval if len(e) >= 20]

@@ -55,6 +55,7 @@ def export_drafter(
   file = f"{name}.safetensors"
   path = os.path.join(directory, file)
   save_file(tensors, path + ".part")
+  os.chmod(path + ".part", 0o644)
   os.replace(path + ".part", path)
   head_cfg = getattr(objective, "cfg", None)
   meta = {

@@ -154,6 +154,7 @@ def ensure_features(
       old = json.load(f)
     old.pop("packed_positions", None)
     old.pop("generation_s", None)
+    old.pop("generation_note", None)
     if old != manifest:
       raise ValueError(
         f"{s.data.cache_dir} holds features of another recipe; use a new data.cache_dir\n"
@@ -224,7 +225,13 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     np.save(vocab_path, d2t)
   d2t = np.load(vocab_path)
   trainable, frozen = objective.init(jax.random.PRNGKey(s.train.seed), params, tcfg, d2t)
-  with_layers = bool(getattr(objective, "fuse_layers", ()))
+  fused = tuple(getattr(objective, "fuse_layers", ()))
+  if fused and fused != tuple(s.data.features.hidden_layers):
+    raise ValueError(
+      f"the head fuses target layers {fused} but the feature cache stores "
+      f"{tuple(s.data.features.hidden_layers)}; set data.features.hidden_layers to match"
+    )
+  with_layers = bool(fused)
   train_w = Windows(store, s.train.seq_len, heldout=False, with_layers=with_layers)
   eval_w = Windows(store, s.train.seq_len, heldout=True, with_layers=with_layers)
   log(
@@ -243,6 +250,8 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     extra = {
       "data": {
         **manifest,
+        "documents": int(len(store.doc_lens)),
+        "heldout_documents": int(store.heldout.sum()),
         "training_positions": train_w.n_positions,
         "response_fraction": float(resp),
         "heldout_positions": eval_w.n_positions,

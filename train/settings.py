@@ -88,6 +88,7 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str) -> ml_collections
     config.data.recipe.n_heldout = 12
     config.data.features.max_new_tokens = 32
     config.data.features.batch_size = 16
+    config.data.features.hidden_layers = (0, 1)  # the tiny target's layers, for EAGLE-3 tests
     config.data.features.max_tokens = 10_000
     config.train.update(
       dict(steps=12, batch_size=4, seq_len=32, warmup=2, log_every=4, save_every=4, eval_windows=16)

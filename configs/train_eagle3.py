@@ -1,0 +1,35 @@
+"""An EAGLE-3 style head for SmolLM2-135M-Instruct: fuses target layers 2, 15 and 27, scores its
+own reduced-vocabulary head, and trains with a 3-step training-time test (unrolled on its own
+outputs). It needs a feature cache that stores those layers (a separate, larger cache).
+
+Commands (from the repository root):
+
+  python train/main.py --config=configs/train_eagle3.py --workdir=/tmp/specjax_train_eagle3
+  python train/main.py --config=configs/train_eagle3.py:tiny --workdir=/tmp/eagle3_tiny \
+    --config.target=/path/to/tiny_hf_dir
+"""
+
+import ml_collections
+
+from train.settings import apply_variant, base_config
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  config = base_config()
+  config.data.cache_dir = "~/.cache/specjax/features/smollm2-v1-layers"
+  config.data.features.hidden_layers = (2, 15, 27)
+  config.objective.kind = "eagle"
+  config.objective.steps = 3
+  config.objective.fuse_layers = (2, 15, 27)
+  config.objective.w_reg = 0.0
+  config.objective.w_cls = 1.0
+  config.train.steps = 150
+  config.train.lr = 1e-3
+  config.train.batch_size = 4
+  config.train.warmup = 10
+  config.train.save_every = 10
+  config.ship.name = "eagle3-smollm2-135m"
+  config = apply_variant(config, arg)
+  if arg == "tiny":
+    config.objective.fuse_layers = (0, 1)
+  return config
