@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig, rope_inv_freq
-from specjax.kernels import linear, linear_multi, swiglu, write_layer
+from specjax.kernels import attention, linear, linear_multi, swiglu, write_layer
 from specjax.kv_cache import KVCache
 
 
@@ -188,15 +188,7 @@ def _layer(x, lp: LayerParams, i, k_all, v_all, positions, mask, lengths, cfg, i
 
   k_all = write_layer(k_all, i, k, lengths)
   v_all = write_layer(v_all, i, v, lengths)
-  k_layer, v_layer = k_all[i], v_all[i]  # [B, S, Hkv, Dh]
-
-  G = H // Hkv
-  qg = q.reshape(B, T, Hkv, G, Dh)
-  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_layer, preferred_element_type=jnp.float32)
-  scores = scores * (Dh**-0.5)
-  scores = jnp.where(mask[:, None, None], scores, -1e30)
-  probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-  attn = jnp.einsum("bkgts,bskd->btkgd", probs, v_layer).reshape(B, T, H * Dh)
+  attn = attention(q, k_all, v_all, i, mask).reshape(B, T, H * Dh)
   x = x + proj(attn, lp.wo)
 
   h = rms_norm(x, lp.mlp_norm[i], cfg.norm_eps)

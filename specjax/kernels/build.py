@@ -27,12 +27,14 @@ import tempfile
 import jax
 import jaxlib
 
-_SOURCES = ("cpu_linear.cc", "cpu_cache.cc")
+_SOURCES = ("cpu_linear.cc", "cpu_cache.cc", "cpu_attention.cc")
+_HEADERS = ("cpu_common.h",)
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-w")
 # FFI target name -> exported handler symbol.
 TARGETS = {
   "specjax_cpu_linear": "SpecjaxCpuLinear",
   "specjax_cpu_cache_write": "SpecjaxCpuCacheWrite",
+  "specjax_cpu_attention": "SpecjaxCpuAttention",
 }
 
 _reason: list[str] = []
@@ -52,7 +54,7 @@ def _cpu_flags() -> str:
 def _library_path() -> pathlib.Path:
   here = pathlib.Path(__file__).parent
   h = hashlib.sha256()
-  for name in _SOURCES:
+  for name in _SOURCES + _HEADERS:
     h.update((here / name).read_bytes())
   h.update(" ".join(_FLAGS).encode())
   h.update(jaxlib.__version__.encode())

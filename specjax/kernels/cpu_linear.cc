@@ -13,64 +13,24 @@
 // takes chunks too, so the call never depends on a pool thread being free.
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <memory>
-#include <thread>
 #include <vector>
 
 #if defined(__AVX512BF16__)
 #include <immintrin.h>
 #endif
 
+#include "cpu_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int kLanes = 16;
+using namespace specjax_cpu;  // NOLINT: the kernels' own small vocabulary
+
 constexpr int kMaxWeights = 4;
-typedef float v16f __attribute__((vector_size(64), aligned(4)));
-typedef float v8f __attribute__((vector_size(32)));
-typedef float v4f __attribute__((vector_size(16)));
-typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
-
-inline v16f LoadF32(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline v16f LoadW(const float* p) { return LoadF32(p); }
-
-inline v16f LoadW(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
-  v16h h;
-  std::memcpy(&h, p, sizeof(h));
-  v16u u = __builtin_convertvector(h, v16u) << 16;
-  v16f f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-inline float ToF32(float v) { return v; }
-inline float ToF32(uint16_t v) {
-  uint32_t u = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
-}
-
-// Pairwise horizontal sum; a serial loop over the lanes would cost more than the dot products.
-inline float HSum(v16f v) {
-  v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
-          __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
-  v4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
-  return (b[0] + b[2]) + (b[1] + b[3]);
-}
 
 // out[i * 4 + j] = x[m0 + i, :] . w[n0 + j, :] for an MB x NB tile.
 template <int MB, int NB, typename W>
@@ -226,26 +186,7 @@ void RunChunk(const Problem& p, const Chunk& c) {
   }
 }
 
-struct Job {
-  Problem problem;
-  std::vector<Chunk> chunks;
-  std::atomic<int64_t> next{0};
-  std::atomic<int64_t> done{0};
-};
-
-void Work(Job& job) {
-  const int64_t total = static_cast<int64_t>(job.chunks.size());
-  for (;;) {
-    const int64_t c = job.next.fetch_add(1, std::memory_order_relaxed);
-    if (c >= total) return;
-    RunChunk(job.problem, job.chunks[c]);
-    job.done.fetch_add(1, std::memory_order_acq_rel);
-  }
-}
-
 void Run(ffi::ThreadPool& pool, int64_t max_threads, const Problem& problem) {
-  auto job = std::make_shared<Job>();
-  job->problem = problem;
   int64_t threads = std::max<int64_t>(1, pool.num_threads());
   if (max_threads > 0) threads = std::min(threads, max_threads);
   const int segments = problem.epilogue == 1 ? 1 : problem.n_weights;
@@ -254,16 +195,15 @@ void Run(ffi::ThreadPool& pool, int64_t max_threads, const Problem& problem) {
   // Chunks of a multiple of 4 rows, about four per thread for balance, none tiny.
   int64_t rows = (rows_total + threads * 4 - 1) / (threads * 4);
   rows = std::max<int64_t>(threads > 1 ? 32 : rows_total, (rows + 3) / 4 * 4);
+  std::vector<Chunk> chunks;
   for (int s = 0; s < segments; ++s) {
     for (int64_t b = 0; b < problem.w[s].n; b += rows) {
-      job->chunks.push_back({s, b, std::min(problem.w[s].n, b + rows)});
+      chunks.push_back({s, b, std::min(problem.w[s].n, b + rows)});
     }
   }
-  const int64_t total = static_cast<int64_t>(job->chunks.size());
-  const int64_t helpers = std::min<int64_t>(threads, total) - 1;
-  for (int64_t t = 0; t < helpers; ++t) pool.Schedule([job] { Work(*job); });
-  Work(*job);
-  while (job->done.load(std::memory_order_acquire) < total) std::this_thread::yield();
+  const Chunk* c = chunks.data();
+  ParallelFor(pool, threads, static_cast<int64_t>(chunks.size()),
+              [&problem, c](int64_t i) { RunChunk(problem, c[i]); });
 }
 
 ffi::Error LinearImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> layer,

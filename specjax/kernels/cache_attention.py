@@ -1,0 +1,85 @@
+"""`attention(q, k_all, v_all, layer, mask)`: new tokens attending to one layer of the stacked cache.
+
+XLA:CPU runs the two batched dots of attention on copies of the layer's cache, transposed so that
+the (row, kv-head) batch axes lead; at batch 8 those copies cost as much as the projections. On CPU
+a kernel reads the [L, B, S, Hkv, Dh] cache in place, scores a block of queries of one kv head
+against its keys, takes the masked softmax and mixes the values, skipping slots after the last
+visible one. Elsewhere (and for prefill-sized inputs) it is the plain einsum formulation.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from specjax.kernels import projection
+from specjax.kernels.projection import kernel_enabled
+
+
+def reference(q, k_all, v_all, layer, mask):
+  """Plain-JAX attention: q [B, T, H, Dh], caches [L, B, S, Hkv, Dh], mask [B, T, S] -> [B, T, H, Dh].
+
+  Scores and softmax in float32; probabilities are cast to q's dtype for the value mix. A fully
+  masked query averages all slots (the kernel gives it zeros).
+  """
+  B, T, H, Dh = q.shape
+  Hkv = k_all.shape[3]
+  k_layer, v_layer = k_all[layer], v_all[layer]  # [B, S, Hkv, Dh]
+  qg = q.reshape(B, T, Hkv, H // Hkv, Dh)
+  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_layer, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, None], scores * (Dh**-0.5), -1e30)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  out = jnp.einsum("bkgts,bskd->btkgd", probs, v_layer)
+  return out.reshape(B, T, H, Dh).astype(q.dtype)
+
+
+def _call(q, k_all, v_all, layer, mask):
+  out = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+  call = jax.ffi.ffi_call("specjax_cpu_attention", out, vmap_method="sequential")
+  Dh = q.shape[-1]
+  y = call(
+    q.astype(jnp.float32),
+    k_all,
+    v_all,
+    layer,
+    mask,
+    scale=np.float32(Dh**-0.5),
+    max_threads=np.int64(projection.MAX_THREADS),
+  )
+  return y.astype(q.dtype)
+
+
+def _fwd(q, k_all, v_all, layer, mask):
+  return _call(q, k_all, v_all, layer, mask), (q, k_all, v_all, layer, mask)
+
+
+def _bwd(res, g):
+  q, k_all, v_all, layer, mask = res
+  _, vjp = jax.vjp(lambda q, k, v: reference(q, k, v, layer, mask), q, k_all, v_all)
+  return (*vjp(g), None, None)
+
+
+_kernel = jax.custom_vjp(_call)
+_kernel.defvjp(_fwd, _bwd)
+
+
+def attention(q, k_all, v_all, layer, mask):
+  """Attention of new queries over cache layer `layer`.
+
+  Args:
+    q: [B, T, H, Dh] queries (RoPE applied).
+    k_all: [L, B, S, Hkv, Dh] keys of every layer (this step's already written).
+    v_all: [L, B, S, Hkv, Dh] values.
+    layer: int32 scalar.
+    mask: [B, T, S] bool, which slots each query may see.
+
+  Returns:
+    [B, T, H, Dh] in q's dtype.
+  """
+  B, T, _, Dh = q.shape
+  usable = Dh % 16 == 0 and k_all.dtype in (jnp.float32, jnp.bfloat16)
+  if not usable or not kernel_enabled(B * T):
+    return reference(q, k_all, v_all, layer, mask)
+  layer = jnp.asarray(layer, jnp.int32)
+  return jax.lax.platform_dependent(q, k_all, v_all, layer, mask, cpu=_kernel, default=reference)
