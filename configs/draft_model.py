@@ -2,7 +2,9 @@
 
 No smaller model with SmolLM2's vocabulary can be downloaded here, so by default the draft is the
 target's own first 8 of 30 layers followed by its final norm and LM head, untrained (an early-exit
-draft that shares the vocabulary by construction). Point `drafter.model` at any Llama-family
+draft that shares the vocabulary by construction). It exercises the machinery but is a poor
+draft: on two Spec-Bench prompts it accepted 0% and 3% of its drafts (tau 1.00 and 1.12), which
+made decoding ~2.7x slower than AR on CPU. Point `drafter.model` at any Llama-family
 checkpoint with the target's tokenizer (registry name, Hugging Face directory or .gguf) and set
 `drafter.n_layers=0` to use a real draft model.
 
