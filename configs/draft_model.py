@@ -8,8 +8,13 @@ made decoding ~2.7x slower than AR on CPU. Point `drafter.model` at any Llama-fa
 checkpoint with the target's tokenizer (registry name, Hugging Face directory or .gguf) and set
 `drafter.n_layers=0` to use a real draft model.
 
+`draft_lm2`: the shipped 2-layer draft LM (`draft-lm2-smollm2-135m`, initialised from the target's
+first layers and trained on self-distilled data; it scores a reduced 8,192-token draft vocabulary
+mapped to target ids).
+
 Commands (from the repository root):
 
+  python experiments/run.py --config=configs/draft_model.py:draft_lm2,small --workdir=/tmp/dlm2
   python experiments/run.py --config=configs/draft_model.py:small --workdir=/tmp/specjax_dm_small
   python experiments/run.py --config=configs/draft_model.py --workdir=/tmp/specjax_dm
   python experiments/run.py --config=configs/draft_model.py:small --workdir=/tmp/specjax_dm_own \
@@ -18,11 +23,17 @@ Commands (from the repository root):
 
 import ml_collections
 
-from specjax.experiment.settings import apply_variant, base_config
+from specjax.experiment.settings import apply_variant, base_config, split_arg
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  draft, arg = split_arg(arg, ("truncated", "draft_lm2"))
   config = base_config()
+  if draft == "draft_lm2":
+    config.method = "shipped"
+    config.drafter.shipped = "draft-lm2-smollm2-135m"
+    config.drafter.k = 4
+    return apply_variant(config, arg)
   config.method = "draft_model"
   config.drafter.k = 4
   config.drafter.model = ""  # "" = the target's checkpoint

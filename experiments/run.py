@@ -18,6 +18,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from specjax.drafters.shipped import ShippedDrafterError
 from specjax.experiment.methods import build_method, load_target
 from specjax.experiment.runner import Runner, run_suite
 from specjax.experiment.settings import field_names, settings_from_config
@@ -46,13 +47,16 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(f"FATAL: unknown config field {field!r}; known fields: {', '.join(field_names())}")
 
 
-def header(settings, target, n_prompts: int, spec_bench: str) -> str:
+def header(settings, target, method, n_prompts: int, spec_bench: str) -> str:
   d = settings.drafter
-  method = settings.method if settings.method == "ar" else f"{settings.method} (K={d.k})"
-  if settings.method == "draft_model":
+  method = "ar" if method is None else f"{method.name} ({settings.method}, {method.loop} loop)"
+  tree_draft = settings.method == "tree" and settings.tree.kind != "heads"
+  if settings.method in ("draft_model", "smc") or tree_draft:
     method += f", draft {d.model or settings.model}" + (
       f" first {d.n_layers} layers" * bool(d.n_layers)
     )
+  if d.shipped:
+    method += f", shipped drafter {d.shipped}"
   device = jax.devices()[0]
   return "\n".join(
     [
@@ -77,7 +81,10 @@ def main(argv):
   prompts = load_spec_bench(spec_bench, settings.categories, settings.per_category, settings.turns)
   t0 = time.perf_counter()
   target = load_target(settings.model, settings.dtype)
-  method = build_method(settings, target)
+  try:
+    method = build_method(settings, target)
+  except ShippedDrafterError as e:
+    sys.exit(f"FATAL: {e}")
   print(f"loaded {settings.model} in {time.perf_counter() - t0:.1f} s", flush=True)
   gen = settings.generate_config(target.tokenizer.stop_ids)
   methods = [method] if method is not None else []
@@ -85,7 +92,7 @@ def main(argv):
   runner = Runner(target, methods, gen, settings.seed, settings.prompt_bucket, log=log)
   records = run_suite(runner, prompts, _WORKDIR.value, settings.as_dict(), log=log)
   rows = summary_rows(records)
-  text = header(settings, target, len(prompts), spec_bench) + "\n\n" + markdown(rows) + "\n"
+  text = header(settings, target, method, len(prompts), spec_bench) + "\n\n" + markdown(rows) + "\n"
   print("\n" + text)
   with open(os.path.join(_WORKDIR.value, "summary.md"), "w") as f:
     f.write(text)

@@ -147,13 +147,36 @@ def parse_config(*args: str):
   return fv.config
 
 
-@pytest.mark.parametrize("name", ["ar", "prompt_lookup", "draft_model"])
-def test_every_config_builds_settings(name):
-  full = settings_from_config(parse_config(f"--config={REPO}/configs/{name}.py"))
-  small = settings_from_config(parse_config(f"--config={REPO}/configs/{name}.py:small"))
-  assert full.method == small.method == name
+CONFIGS = [
+  ("ar.py", "", "ar"),
+  ("prompt_lookup.py", "", "prompt_lookup"),
+  ("draft_model.py", "", "draft_model"),
+  ("draft_model.py", "draft_lm2,", "shipped"),
+  ("medusa.py", "", "shipped"),
+  ("medusa.py", "tree,", "tree"),
+  ("eagle.py", "eagle1,", "shipped"),
+  ("eagle.py", "eagle3,", "shipped"),
+  ("trees.py", "static,", "tree"),
+  ("trees.py", "dynamic,", "tree"),
+  ("trees.py", "medusa,", "tree"),
+  ("smc.py", "", "smc"),
+]
+
+
+@pytest.mark.parametrize("name,arg,method", CONFIGS)
+def test_every_config_builds_settings(name, arg, method):
+  full = settings_from_config(parse_config(f"--config={REPO}/configs/{name}:{arg.rstrip(',')}"))
+  small = settings_from_config(parse_config(f"--config={REPO}/configs/{name}:{arg}small"))
+  assert full.method == small.method == method
   assert small.per_category < full.per_category and small.max_new_tokens <= full.max_new_tokens
   assert len(small.categories) == 6
+
+
+def test_config_arguments_are_checked():
+  with pytest.raises(flags.IllegalFlagValueError, match="no tree drafter over an EAGLE head"):
+    parse_config(f"--config={REPO}/configs/eagle.py:eagle2,small")
+  with pytest.raises(flags.IllegalFlagValueError, match="unknown config argument .bogus."):
+    parse_config(f"--config={REPO}/configs/trees.py:bogus")
 
 
 def test_config_overrides_and_unknown_keys():
@@ -248,6 +271,48 @@ def test_ar_only_and_draft_model_methods(target, spec_bench, tmp_path):
   assert recs[0]["methods"]["draft_model_l1_k3"]["same_as_ar"]
 
 
+def test_tree_method_is_lossless(target, spec_bench, tmp_path, kind="static"):
+  prompts = tasks.load_spec_bench(spec_bench, ("qa",), 1)
+  s = small_settings(
+    method="tree",
+    **{"drafter.n_layers": 1, "tree.kind": kind, "tree.n_nodes": 6, "tree.depth": 3},
+  )
+  method = build_method(s, target)
+  assert method.loop == "tree" and method.name == f"{kind}_tree_l1_n6"
+  rec = runner_lib.run_suite(make_runner(target, s), prompts, str(tmp_path), {})[0]
+  m = rec["methods"][method.name]
+  assert m["same_as_ar"] and len(m["alpha_at"]) == 3
+  assert m["drafted"] == 5 * m["target_passes"]  # N - 1 nodes per pass
+
+
+def test_smc_method_keeps_every_draft(target, spec_bench, tmp_path):
+  prompts = tasks.load_spec_bench(spec_bench, ("qa",), 1)
+  s = small_settings(
+    method="smc",
+    **{
+      "drafter.n_layers": 1,
+      "sampling.temperature": 1.0,
+      "smc.n_particles": 2,
+      "max_new_tokens": 9,
+    },
+  )
+  method = build_method(s, target)
+  assert method.loop == "smc" and method.name == "smc_l1_p2_k3"
+  rec = runner_lib.run_suite(make_runner(target, s), prompts, str(tmp_path), {})[0]
+  m = rec["methods"][method.name]
+  assert m["emitted"] == m["new_tokens"] - 1
+  assert m["accepted"] == m["emitted"] - m["target_passes"]
+  assert m["alpha_at"] == [1.0, 1.0, 1.0]
+  with pytest.raises(ValueError, match="temperature > 0"):
+    small_settings(method="smc")
+
+
+def test_missing_shipped_drafter_is_a_clear_error(target):
+  s = small_settings(method="shipped", **{"drafter.shipped": "eagle9-none"})
+  with pytest.raises(ValueError, match="not in this checkout"):
+    build_method(s, target)
+
+
 def test_truncate_layers(target):
   params, cfg = truncate_layers(target.params, target.cfg, 1)
   assert cfg.n_layers == 1 and params.layers.wq.shape[0] == 1
@@ -339,6 +404,6 @@ def test_smollm2_on_a_real_spec_bench_prompt(smollm2, tmp_path):
   prompts = [p for p in tasks.load_spec_bench(path, ("translation",), 2) if p.prompt_id == 162]
   rec = runner_lib.run_suite(make_runner(target, settings), prompts, str(tmp_path), {})[0]
   m = rec["methods"]["prompt_lookup_k3"]
-  assert rec["prompt_tokens"][0] < 64 and rec["answer"].strip()
+  assert 0 < rec["prompt_tokens"][0] <= 128 and rec["answer"].strip()
   assert m["same_as_ar"] and m["new_tokens"] == rec["ar"]["new_tokens"]
   assert m["accepted"] > 0 and m["tau"] > 1.0  # the translation copies names from the prompt

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import numpy as np
 
 from specjax.acceptance import RULES
 from specjax.config import ModelConfig
@@ -16,9 +17,12 @@ from specjax.drafters import (
   VocabularyMismatchError,
   check_same_vocabulary,
 )
-from specjax.experiment.settings import ExperimentSettings
+from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
+from specjax.drafters.tree_heads import HeadTreeDrafter, medusa_logits_source
+from specjax.experiment.settings import ExperimentSettings, SMCSettings
 from specjax.model import Params
 from specjax.tokenizer import Tokenizer
+from specjax.trees import StaticTree, tree_from_rank_probs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,12 +51,17 @@ class Method:
     drafter: static drafter object.
     draft_params: the drafter's parameter pytree (() for prompt lookup).
     rule: acceptance rule, or None for the loop's default (greedy at temperature 0).
+    loop: which decode loop runs it: "chain" (`specjax.speculative`), "tree"
+      (`specjax.tree_speculative`) or "smc" (`specjax.smc`, with `smc` its settings).
+    smc: SMC-SD settings (loop "smc" only).
   """
 
   name: str
   drafter: Any
   draft_params: Any
   rule: Any = None
+  loop: str = "chain"
+  smc: SMCSettings | None = None
 
 
 def truncate_layers(params: Params, cfg: ModelConfig, n_layers: int) -> tuple[Params, ModelConfig]:
@@ -73,10 +82,76 @@ def make_rule(name: str) -> Any:
 
 
 def method_label(settings: ExperimentSettings) -> str:
-  d = settings.drafter
-  if settings.method == "draft_model" and d.n_layers:
-    return f"draft_model_l{d.n_layers}_k{d.k}"
+  """The method's name in records and tables, e.g. "prompt_lookup_k4" or "eagle1_k4"."""
+  d, t = settings.drafter, settings.tree
+  layers = f"_l{d.n_layers}" if d.n_layers else ""
+  if settings.method == "draft_model":
+    return f"draft_model{layers}_k{d.k}"
+  if settings.method == "shipped":
+    return f"{d.shipped.split('-smollm2')[0]}_k{d.k}"
+  if settings.method == "tree":
+    if t.kind == "heads":
+      return f"{d.shipped.split('-smollm2')[0]}_tree_n{t.n_nodes}"
+    return f"{t.kind}_tree{layers}_n{t.n_nodes}"
+  if settings.method == "smc":
+    return f"smc{layers}_p{settings.smc.n_particles}_k{d.k}"
   return f"{settings.method}_k{d.k}"
+
+
+def static_tree(n_nodes: int, depth: int) -> StaticTree:
+  """A Medusa-style sparse tree: the `n_nodes` best paths of depth <= `depth` under per-rank
+  acceptance estimates that halve with each rank (a fixed prior, not fitted to a drafter)."""
+  ranks = 0.6 * 0.5 ** np.arange(8)
+  return tree_from_rank_probs(np.tile(ranks, (depth, 1)), n_nodes)
+
+
+def load_shipped_drafter(name: str, target: Target):
+  """A shipped drafter (`specjax/drafters/shipped`) for `target`, with a clear error if absent."""
+  from specjax.drafters.shipped import ShippedDrafterError, list_shipped, load_shipped
+
+  if name not in list_shipped():
+    raise ShippedDrafterError(
+      f"shipped drafter {name!r} is not in this checkout (specjax/drafters/shipped has "
+      f"{list_shipped()}); train it (see configs/train_*.py) or pick another"
+    )
+  return load_shipped(name, target.params, target.cfg)
+
+
+def _draft_model(settings, target, load_model):
+  """Weights and config of the draft model `settings.drafter` names (checked vocabulary)."""
+  d = settings.drafter
+  if d.model in ("", settings.model):
+    params, cfg, tok = target.params, target.cfg, target.tokenizer
+  else:
+    if load_model is None:
+      from specjax.loading.registry import load_model
+    params, cfg, tok = load_model(d.model)
+  check_same_vocabulary(target.cfg, cfg)
+  if tok is not None and tok.backend.get_vocab() != target.tokenizer.backend.get_vocab():
+    raise VocabularyMismatchError(f"draft model {d.model!r} maps tokens to different ids")
+  if d.n_layers:
+    params, cfg = truncate_layers(params, cfg, d.n_layers)
+  return params, cfg
+
+
+def _tree_method(settings, target, load_model, name: str) -> Method:
+  t = settings.tree
+  if t.kind == "heads":
+    shipped = load_shipped_drafter(settings.drafter.shipped, target)
+    if shipped.kind != "medusa":
+      raise ValueError(f"tree.kind=heads needs Medusa heads; {shipped.name} is {shipped.kind}")
+    n_heads = shipped.params.w.shape[0]
+    if t.depth > n_heads:
+      raise ValueError(f"tree.depth={t.depth} exceeds the {n_heads} Medusa heads")
+    tree = static_tree(t.n_nodes, t.depth)
+    drafter = HeadTreeDrafter(medusa_logits_source, tree, target.cfg.vocab_size)
+    return Method(name, drafter, shipped.params, None, "tree")
+  params, cfg = _draft_model(settings, target, load_model)
+  if t.kind == "static":
+    drafter = StaticTreeDrafter(cfg, static_tree(t.n_nodes, t.depth))
+  else:
+    drafter = DynamicTreeDrafter(cfg, t.top_k, t.depth, t.n_nodes)
+  return Method(name, drafter, params, None, "tree")
 
 
 def build_method(
@@ -94,24 +169,23 @@ def build_method(
   Raises:
     VocabularyMismatchError: if a draft model does not share the target's vocabulary.
   """
-  d, rule = settings.drafter, make_rule(settings.rule)
+  d, rule, name = settings.drafter, make_rule(settings.rule), method_label(settings)
   if settings.method == "ar":
     return None
   if settings.method == "prompt_lookup":
     drafter = PromptLookupDrafter(d.k, d.max_ngram, d.min_ngram)
-    return Method(method_label(settings), drafter, (), rule)
-  if d.model in ("", settings.model):
-    params, cfg, tok = target.params, target.cfg, target.tokenizer
-  else:
-    if load_model is None:
-      from specjax.loading.registry import load_model
-    params, cfg, tok = load_model(d.model)
-  check_same_vocabulary(target.cfg, cfg)
-  if tok is not None and tok.backend.get_vocab() != target.tokenizer.backend.get_vocab():
-    raise VocabularyMismatchError(f"draft model {d.model!r} maps tokens to different ids")
-  if d.n_layers:
-    params, cfg = truncate_layers(params, cfg, d.n_layers)
-  return Method(method_label(settings), DraftModelDrafter(cfg, d.k), params, rule)
+    return Method(name, drafter, (), rule)
+  if settings.method == "shipped":
+    shipped = load_shipped_drafter(d.shipped, target)
+    return Method(name, shipped.drafter(d.k), shipped.params, rule)
+  if settings.method == "tree":
+    if settings.rule != "auto":
+      raise ValueError("tree methods choose their tree rule; leave config.rule=auto")
+    return _tree_method(settings, target, load_model, name)
+  params, cfg = _draft_model(settings, target, load_model)
+  if settings.method == "smc":
+    return Method(name, DraftModelDrafter(cfg, d.k), params, None, "smc", settings.smc)
+  return Method(name, DraftModelDrafter(cfg, d.k), params, rule)
 
 
 def load_target(spec: str, dtype: str = "float32") -> Target:

@@ -1,7 +1,9 @@
 """Times the AR baseline and speculative methods on the same prompts, resumably.
 
 For every prompt the runner generates with the jitted AR loop (`specjax.generate.generate`) and
-then with each method (`specjax.speculative.speculative_generate`), one prompt per call (batch 1),
+then with each method (`specjax.speculative.speculative_generate` for chain drafters,
+`specjax.tree_speculative.tree_speculative_generate` for token trees, `specjax.smc.smc_generate` for
+SMC-SD), one prompt per call (batch 1),
 from the same padded tokens and the same PRNG key. A call is timed only once its shapes are
 compiled: the first time a padded prompt width is seen, each loop is run untimed with a budget of
 one token (budgets are traced values, so this compiles exactly the program that is then timed).
@@ -26,13 +28,17 @@ import time
 from collections.abc import Callable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.experiment.methods import Method, Target
+from specjax.experiment.settings import SMCSettings
 from specjax.experiment.tasks import Prompt, conversation
 from specjax.generate import GenerateConfig, generate, pad_prompts
 from specjax.metrics import SpecMetrics, summarize
+from specjax.smc import SMCConfig, SMCOutput, smc_generate
 from specjax.speculative import speculative_generate
+from specjax.tree_speculative import tree_speculative_generate
 
 RECORDS = "records.jsonl"
 SETTINGS = "settings.json"
@@ -80,7 +86,13 @@ class Runner:
     t = self.target
     if method is None:
       return generate(t.params, t.cfg, prompts, lens, self.gen, key, budget)
-    return speculative_generate(
+    if method.loop == "smc":
+      return smc_generate(
+        t.params, t.cfg, method.drafter, method.draft_params, prompts, lens,
+        smc_config(method.smc, self.gen), key,
+      )  # fmt: skip
+    fn = tree_speculative_generate if method.loop == "tree" else speculative_generate
+    return fn(
       t.params, t.cfg, method.drafter, method.draft_params, prompts, lens, self.gen,
       method.rule, key, budget,
     )  # fmt: skip
@@ -95,7 +107,8 @@ class Runner:
     name = "ar" if method is None else method.name
     if (name, width) not in self._compiled:
       t0 = time.perf_counter()
-      jax.block_until_ready(self._call(method, prompts, lens, key, np.ones((1,), np.int32)))
+      budget = np.ones((1,), np.int32)  # SMC-SD has no traced budget: it compiles on a full run
+      jax.block_until_ready(self._call(method, prompts, lens, key, budget))
       self.log(f"  compiled {name} for prompt width {width} in {time.perf_counter() - t0:.1f} s")
       self._compiled.add((name, width))
     t0 = time.perf_counter()
@@ -105,6 +118,9 @@ class Runner:
     tokens = np.asarray(out.tokens[0, :n]).tolist()
     if method is None:
       return Generation(tokens, wall, None, int(out.target_passes[0]))
+    if method.loop == "smc":
+      metrics = smc_metrics(out, method.drafter.k)
+      return Generation(tokens, wall, metrics, int(out.target_passes[0]))
     return Generation(tokens, wall, out.metrics, int(out.metrics.target_passes[0]))
 
   def run_prompt(self, prompt: Prompt) -> dict:
@@ -139,6 +155,30 @@ class Runner:
       r["same_as_ar"] = all(a.tokens == b.tokens for a, b in zip(runs["ar"], runs[m.name]))
       record["methods"][m.name] = r
     return record
+
+
+def smc_config(s: SMCSettings, gen: GenerateConfig) -> SMCConfig:
+  """SMC-SD settings for one run: the target samples at the experiment's temperature."""
+  return SMCConfig(
+    n_particles=s.n_particles,
+    draft_temperature=s.draft_temperature,
+    target_temperature=gen.sampling.temperature,
+    ess_threshold=s.ess_threshold,
+    max_new_tokens=gen.max_new_tokens,
+    stop_tokens=tuple(gen.stop_tokens),
+  )
+
+
+def smc_metrics(out: SMCOutput, k: int) -> SpecMetrics:
+  """SMC-SD's counters in `SpecMetrics` form. SMC-SD rejects nothing: every drafted token of the
+  chosen particle is kept, so "accepted" counts kept drafts (emitted tokens less one target token
+  per cycle) and every position counts as reached and accepted in every cycle."""
+  passes = jnp.asarray(out.target_passes, jnp.int32)
+  emitted = jnp.asarray(out.lengths, jnp.int32) - 1
+  per_pos = jnp.broadcast_to(passes[:, None], (passes.shape[0], k))
+  return SpecMetrics(
+    passes, passes * k, jnp.maximum(emitted - passes, 0), emitted, per_pos, per_pos
+  )
 
 
 def _totals(gens: Sequence[Generation]) -> dict:

@@ -15,7 +15,8 @@ from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES
 from specjax.generate import GenerateConfig
 from specjax.sampling import SamplingConfig
 
-METHODS = ("ar", "prompt_lookup", "draft_model")
+METHODS = ("ar", "prompt_lookup", "draft_model", "shipped", "tree", "smc")
+TREE_KINDS = ("static", "dynamic", "heads")
 RULE_NAMES = ("auto", "greedy", "speculative", "typical")
 
 
@@ -32,6 +33,18 @@ def base_config() -> ml_collections.ConfigDict:
   c.drafter.min_ngram = 1  # prompt lookup: shortest suffix tried
   c.drafter.model = ""  # draft model: registry name, directory or .gguf ("" = the target's spec)
   c.drafter.n_layers = 0  # draft model: keep only its first n layers (0 = all)
+  c.drafter.shipped = (
+    ""  # shipped: a drafter in specjax/drafters/shipped (e.g. "medusa4-smollm2-135m")
+  )
+  c.tree = ml_collections.ConfigDict()
+  c.tree.kind = "static"  # static / dynamic (EAGLE-2) over a draft model; heads: static over Medusa
+  c.tree.n_nodes = 16  # N, nodes per tree including the root
+  c.tree.depth = 4  # deepest node
+  c.tree.top_k = 4  # dynamic: children per expanded node and frontier width
+  c.smc = ml_collections.ConfigDict()
+  c.smc.n_particles = 4
+  c.smc.draft_temperature = 0.7
+  c.smc.ess_threshold = 0.5
   c.sampling = ml_collections.ConfigDict()
   c.sampling.temperature = 0.0
   c.sampling.top_k = 0
@@ -55,6 +68,26 @@ class DrafterSettings:
   min_ngram: int = 1
   model: str = ""
   n_layers: int = 0
+  shipped: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSettings:
+  """Token-tree drafting (`specjax.tree_speculative`): topology kind and size."""
+
+  kind: str = "static"
+  n_nodes: int = 16
+  depth: int = 4
+  top_k: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class SMCSettings:
+  """SMC-SD (`specjax.smc`): particles per request, draft temperature, resampling threshold."""
+
+  n_particles: int = 4
+  draft_temperature: float = 0.7
+  ess_threshold: float = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +99,8 @@ class ExperimentSettings:
   method: str
   rule: str
   drafter: DrafterSettings
+  tree: TreeSettings
+  smc: SMCSettings
   sampling: SamplingConfig
   max_new_tokens: int
   categories: tuple[str, ...]
@@ -100,6 +135,12 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     )
   if config.max_new_tokens < 1 or config.data.per_category < 1 or config.drafter.k < 1:
     raise ValueError("max_new_tokens, data.per_category and drafter.k must be >= 1")
+  if config.tree.kind not in TREE_KINDS:
+    raise ValueError(f"config.tree.kind must be one of {TREE_KINDS}, got {config.tree.kind!r}")
+  if config.method == "shipped" and not config.drafter.shipped:
+    raise ValueError("config.method=shipped needs config.drafter.shipped (a shipped drafter name)")
+  if config.method == "smc" and float(config.sampling.temperature) <= 0:
+    raise ValueError("config.method=smc samples: set config.sampling.temperature > 0")
   if config.data.turns not in (1, 2):
     raise ValueError(f"config.data.turns must be 1 or 2, got {config.data.turns}")
   s = config.sampling
@@ -109,6 +150,8 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     method=config.method,
     rule=config.rule,
     drafter=DrafterSettings(**config.drafter.to_dict()),
+    tree=TreeSettings(**config.tree.to_dict()),
+    smc=SMCSettings(**config.smc.to_dict()),
     sampling=SamplingConfig(float(s.temperature), int(s.top_k), float(s.top_p)),
     max_new_tokens=int(config.max_new_tokens),
     categories=categories,
@@ -133,6 +176,22 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str) -> ml_collections
     config.data.per_category = 2
     config.max_new_tokens = 64
   return config
+
+
+def split_arg(arg: str, choices: tuple[str, ...]) -> tuple[str, str]:
+  """Splits a config argument "CHOICE" or "CHOICE,VARIANT" (e.g. "eagle3,small").
+
+  The first choice is the default when `arg` is only a size variant ("" or "small").
+
+  Raises:
+    ValueError: for an unknown choice.
+  """
+  head, _, variant = arg.partition(",")
+  if head in VARIANTS and not variant:
+    return choices[0], head
+  if head not in choices:
+    raise ValueError(f"unknown config argument {head!r}; choose from {choices} (then ',small')")
+  return head, variant
 
 
 def field_names(config: ml_collections.ConfigDict | None = None, prefix: str = "") -> list[str]:

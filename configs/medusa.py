@@ -1,0 +1,32 @@
+"""Medusa-1 heads (the shipped `medusa4-smollm2-135m`, 4 heads) against AR on Spec-Bench, greedy.
+
+`chain` (default): the heads' top-1 tokens as a chain of K = 4 drafts, verified by
+`specjax.speculative`. `tree`: Medusa's own decoding, a static sparse tree of 16 nodes (depth 4)
+built from the heads' top-ranked tokens, verified in one pass by `specjax.tree_speculative`.
+The heads were trained for SmolLM2-135M-Instruct (see their .json for held-out top-1 accuracy).
+
+Commands (from the repository root):
+
+  python experiments/run.py --config=configs/medusa.py:small --workdir=/tmp/specjax_medusa_small
+  python experiments/run.py --config=configs/medusa.py:tree,small --workdir=/tmp/specjax_medusa_tree
+  python experiments/run.py --config=configs/medusa.py --workdir=/tmp/specjax_medusa
+"""
+
+import ml_collections
+
+from specjax.experiment.settings import apply_variant, base_config, split_arg
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  mode, variant = split_arg(arg, ("chain", "tree"))
+  config = base_config()
+  config.drafter.shipped = "medusa4-smollm2-135m"
+  config.drafter.k = 4
+  if mode == "chain":
+    config.method = "shipped"
+  else:
+    config.method = "tree"
+    config.tree.kind = "heads"
+    config.tree.n_nodes = 16
+    config.tree.depth = 4
+  return apply_variant(config, variant)
