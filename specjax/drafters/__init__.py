@@ -10,6 +10,8 @@ from specjax.drafters.draft_model import (
 from specjax.drafters.eagle import EagleDrafter, EagleParams
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
+from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
+from specjax.drafters.tree_heads import HeadTreeDrafter
 
 __all__ = [
   "Drafter",
@@ -25,4 +27,7 @@ __all__ = [
   "MedusaParams",
   "EagleDrafter",
   "EagleParams",
+  "StaticTreeDrafter",
+  "DynamicTreeDrafter",
+  "HeadTreeDrafter",
 ]
