@@ -1,6 +1,6 @@
 """SMC speculative decoding (SMC-SD, arXiv 2604.15672): importance-weighted particles, no rejection.
 
-Each request is prefilled once and forked into N particles (a gather of cache rows). Every cycle each
+Each request is prefilled once and forked into N particles (its rows repeated). Every cycle each
 particle drafts gamma tokens from the draft model at the draft temperature (keeping log q), the target
 scores them in one pass, and a bonus token is drawn from the target's normalised power conditional
 p_T^alpha / Z. Every token is kept. The particle's log-weight grows by
@@ -11,8 +11,8 @@ over the tokens it actually committed (positions after a stop token are masked).
 importance sampling for the sequence distribution pi(x) proportional to prod_t p_T(x_t | x_<t)^alpha
 (alpha = 1: the target itself). When a request's effective sample size 1 / sum(w_norm^2) drops below
 threshold * N, its particles are resampled (systematic by default, or multinomial): particles, caches
-and drafter state are gathered by ancestor index, weights reset, and the log normaliser estimate log Z
-accumulates log(mean w). At the end one particle per request is drawn from the normalised weights.
+and drafter state are gathered by ancestor index within the request's own rows, weights reset, and
+the log normaliser estimate log Z accumulates log(mean w). At the end one particle per request is drawn from the normalised weights.
 
 Unlike the speculative-sampling loop, SMC-SD is not exact for finite N: it is consistent (the output
 distribution approaches pi as N grows). Draft length here is `drafter.k` (= gamma); the draft model's
@@ -162,18 +162,73 @@ class _SMCState:
   key: jax.Array
 
 
-def _reorder_rows(s: _SMCState, rows: jax.Array, drafter) -> _SMCState:
-  return dataclasses.replace(
-    s,
-    seq=s.seq[rows],
-    seq_len=s.seq_len[rows],
-    cache=s.cache.take_rows(rows),
-    draft_state=drafter.reorder(s.draft_state, rows),
-    done=s.done[rows],
+def batch_axes(make_state) -> Any:
+  """Which axis of each leaf of a state indexes batch rows (None: a leaf shared by all rows).
+
+  Args:
+    make_state: batch size -> a state pytree (traced abstractly at batch sizes 2 and 3, never run).
+
+  Returns:
+    A pytree of the state's structure with an int or None at each leaf.
+  """
+  two, three = jax.eval_shape(lambda: make_state(2)), jax.eval_shape(lambda: make_state(3))
+
+  def axis(a, b):
+    diff = [i for i, (m, n) in enumerate(zip(a.shape, b.shape)) if m != n]
+    if len(diff) > 1 or len(a.shape) != len(b.shape):
+      raise ValueError(f"a state leaf changes shape {a.shape} -> {b.shape} in more than one axis")
+    return diff[0] if diff else None
+
+  return jax.tree.map(axis, two, three)
+
+
+def _map_rows(fn, tree, axes):
+  """Applies fn(leaf, axis) to every leaf that has a batch axis."""
+  return jax.tree.map(
+    lambda ax, x: x if ax is None else fn(x, ax), axes, tree, is_leaf=lambda a: a is None
   )
 
 
-def _cycle(s: _SMCState, *, params, draft_params, cfg, drafter, smc: SMCConfig, prompt_lens):
+def fork_rows(tree, axes, n: int):
+  """Repeats each row n times along its batch axis: row r * n + j of the result is row r."""
+  return _map_rows(lambda x, ax: jnp.repeat(x, n, axis=ax), tree, axes)
+
+
+def take_within_groups(tree, axes, ancestors: jax.Array):
+  """Resamples rows inside each request's group of N particle rows.
+
+  Rows are laid out request-major (row r * N + j is particle j of request r). Row r * N + j of the
+  result is row r * N + ancestors[r, j]. The gather is batched over requests (vmap over R), so
+  under a mesh that splits rows over a data axis XLA keeps it on each shard instead of
+  all-gathering the caches, as a flat gather by global row index would.
+
+  Args:
+    tree: state pytree with R * N rows on each leaf's batch axis.
+    axes: `batch_axes` of the tree.
+    ancestors: [R, N] int32 indices in [0, N).
+  """
+  R, N = ancestors.shape
+
+  def take(x, ax):
+    g = jnp.moveaxis(x, ax, 0)
+    g = g.reshape((R, N) + g.shape[1:])
+    g = jax.vmap(lambda rows, idx: rows[idx])(g, ancestors)
+    return jnp.moveaxis(g.reshape((R * N,) + g.shape[2:]), 0, ax)
+
+  return _map_rows(take, tree, axes)
+
+
+def _rows(s: _SMCState):
+  return (s.seq, s.seq_len, s.done, s.cache, s.draft_state)
+
+
+def _row_axes(draft_axes):
+  return (0, 0, 0, KVCache(1, 1, 0), draft_axes)
+
+
+def _cycle(
+  s: _SMCState, *, params, draft_params, cfg, drafter, smc: SMCConfig, prompt_lens, draft_axes
+):
   R, N = s.logw.shape
   K = drafter.k
   key, k_draft, k_bonus, k_res = jax.random.split(s.key, 4)
@@ -234,8 +289,12 @@ def _cycle(s: _SMCState, *, params, draft_params, cfg, drafter, smc: SMCConfig, 
     keys = jax.random.split(k_res, R)
     ancestors = jax.vmap(RESAMPLERS[smc.resampling])(keys, s.logw)  # [R, N]
     ancestors = jnp.where(need[:, None], ancestors, jnp.arange(N)[None, :])
-    rows = (jnp.arange(R)[:, None] * N + ancestors).reshape(-1)
-    s = _reorder_rows(s, rows, drafter)
+    seq, seq_len, done, cache, draft_state = take_within_groups(
+      _rows(s), _row_axes(draft_axes), ancestors
+    )
+    s = dataclasses.replace(
+      s, seq=seq, seq_len=seq_len, done=done, cache=cache, draft_state=draft_state
+    )
     log_mean_w = jax.nn.logsumexp(s.logw, -1) - math.log(N)
     return dataclasses.replace(
       s,
@@ -254,19 +313,28 @@ def _smc(params, draft_params, prompts, prompt_lens, key, cfg, drafter, smc: SMC
   capacity = smc.capacity or Tp + smc.max_new_tokens + K + 1 + drafter.capacity_slack()
   pre = prefill(params, cfg, prompts, prompt_lens, capacity)
   draft_state = drafter.init(draft_params, pre, prompts, prompt_lens, capacity)
-  fork = jnp.repeat(jnp.arange(R), N)  # particle rows share their request's prefill
+
+  def draft_state_of(b):
+    P, L = jnp.zeros((b, Tp), jnp.int32), jnp.ones((b,), jnp.int32)
+    return drafter.init(draft_params, prefill(params, cfg, P, L, capacity), P, L, capacity)
+
+  draft_axes = batch_axes(draft_state_of)
+  # Fork: particle rows r * N + j share request r's prefill (a repeat, local to each data shard).
+  seq, lens, cache, draft_state = fork_rows(
+    (init_sequence(prompts, prompt_lens, capacity), prompt_lens, pre.cache, draft_state),
+    (0, 0, KVCache(1, 1, 0), draft_axes),
+    N,
+  )
   key, k_first, k_loop = jax.random.split(key, 3)
   power = smc.alpha * jax.nn.log_softmax(pre.logits / smc.target_temperature, -1)  # [R, V]
-  first = jax.random.categorical(k_first, power[fork], -1).astype(jnp.int32)  # [R*N]
-  lens = prompt_lens[fork]
-  seq = init_sequence(prompts, prompt_lens, capacity)[fork]
-  seq = seq.at[jnp.arange(R * N), lens].set(first)
+  first = jax.random.categorical(k_first, jnp.repeat(power, N, 0), -1).astype(jnp.int32)  # [R*N]
+  seq = write_rows(seq, first[:, None], lens)
   n_cycles = -(-(smc.max_new_tokens - 1) // (K + 1)) + 1
   state = _SMCState(
     seq=seq,
     seq_len=lens + 1,
-    cache=pre.cache.take_rows(fork),
-    draft_state=drafter.reorder(draft_state, fork),
+    cache=cache,
+    draft_state=draft_state,
     done=is_stop(first, smc.stop_tokens) | (smc.max_new_tokens <= 1),
     logw=jnp.zeros((R, N)),
     log_z=jax.nn.logsumexp(power, -1),
@@ -284,16 +352,18 @@ def _smc(params, draft_params, prompts, prompt_lens, key, cfg, drafter, smc: SMC
     drafter=drafter,
     smc=smc,
     prompt_lens=lens,
+    draft_axes=draft_axes,
   )
   state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   n_new = state.seq_len - lens
   toks = extract_new_tokens(state.seq, lens, n_new, smc.max_new_tokens).reshape(R, N, -1)
   n_new = n_new.reshape(R, N)
   pick = jax.random.categorical(key, state.logw, -1)  # [R]
+  chosen = jax.vmap(lambda rows, i: rows[i])
   log_z = state.log_z + jax.nn.logsumexp(state.logw, -1) - math.log(N)
   return SMCOutput(
-    tokens=toks[jnp.arange(R), pick],
-    lengths=n_new[jnp.arange(R), pick],
+    tokens=chosen(toks, pick),
+    lengths=chosen(n_new, pick),
     log_z=log_z,
     ess=state.ess,
     resamples=state.resamples,
@@ -329,8 +399,6 @@ def smc_generate(
   Returns:
     An `SMCOutput`.
   """
-  if not hasattr(drafter, "reorder"):
-    raise TypeError(f"{type(drafter).__name__} cannot fork particles (it has no reorder method)")
   slack = drafter.k + 1 + drafter.capacity_slack()
   check_capacity(prompts.shape[1], smc.max_new_tokens, slack, smc.capacity)
   prompt_lens = jnp.asarray(prompt_lens, jnp.int32)

@@ -1,8 +1,16 @@
-"""SMC speculative decoding: the pieces against hand-computed values, and consistency on toy models."""
+"""SMC speculative decoding: the pieces against hand-computed values, and consistency on toy models.
+
+`test_mesh_checks_on_fake_devices` reruns this file's `on_mesh` tests in a child process with 8 fake
+CPU devices (JAX fixes the device count when it initialises), as tests/test_sharding.py does.
+"""
 
 from __future__ import annotations
 
 import itertools
+import os
+import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -10,18 +18,27 @@ import numpy as np
 import pytest
 from toy_models import exact_continuation_probs, tiny_model
 
+from specjax import sharding as sh
 from specjax import smc as smc_lib
 from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
 from specjax.generate import pad_prompts
+from specjax.kv_cache import KVCache
 from specjax.sampling import SamplingConfig
 from specjax.smc import (
   SMCConfig,
+  batch_axes,
   effective_sample_size,
+  fork_rows,
   incremental_log_weight,
   multinomial_resample,
   smc_generate,
   systematic_resample,
+  take_within_groups,
 )
+
+_FAKE = int(os.environ.get("SPECJAX_FAKE_DEVICES", "0"))
+if _FAKE:  # before anything initialises a backend
+  jax.config.update("jax_num_cpu_devices", _FAKE)
 
 
 def test_effective_sample_size():
@@ -191,3 +208,136 @@ def test_drafter_without_q_is_an_error(toy):
       SMCConfig(max_new_tokens=4),
       jax.random.PRNGKey(0),
     )
+
+
+# ---- particle rows: fork and resample within each request's group ----
+
+GROUPS, PARTICLES, SLOTS = 4, 2, 13  # R requests x N particles; cache slots (a size no other has)
+
+
+def _rows_state(seed=0):
+  """A (seq, cache, shared) state: rows on axis 0, axis 1 of the cache's K/V, and none."""
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+  rows = GROUPS * PARTICLES
+  cache = KVCache(
+    jax.random.normal(k1, (2, rows, SLOTS, 4, 8)),
+    jax.random.normal(k2, (2, rows, SLOTS, 4, 8)),
+    jnp.arange(rows, dtype=jnp.int32),
+  )
+  seq = jax.random.randint(k3, (rows, SLOTS), 0, 100)
+  return seq, cache, jnp.arange(5.0)
+
+
+def _flat_take(state, rows):
+  seq, cache, shared = state
+  return seq[rows], cache.take_rows(rows), shared
+
+
+def test_batch_axes_fork_and_group_take_match_flat_gathers():
+  def make(b):
+    return jnp.zeros((b, SLOTS)), KVCache(*[jnp.zeros((2, b, SLOTS, 4, 8))] * 2, jnp.zeros(b)), 0.0
+
+  axes = batch_axes(make)
+  assert jax.tree.leaves(axes) == [0, 1, 1, 0]  # the shared scalar has no batch axis
+  state = _rows_state()
+  ancestors = jnp.array([[1, 1], [0, 1], [1, 0], [0, 0]], jnp.int32)
+  flat = (jnp.arange(GROUPS)[:, None] * PARTICLES + ancestors).reshape(-1)
+  got = take_within_groups(state, (0, KVCache(1, 1, 0), None), ancestors)
+  jax.tree.map(np.testing.assert_array_equal, got, _flat_take(state, flat))
+  seq, cache, shared = state
+  got = fork_rows((seq[:GROUPS], cache.take_rows(jnp.arange(GROUPS))), (0, KVCache(1, 1, 0)), 3)
+  want = (
+    seq[jnp.repeat(jnp.arange(GROUPS), 3)],
+    cache.take_rows(jnp.repeat(jnp.arange(GROUPS), 3)),
+  )
+  jax.tree.map(np.testing.assert_array_equal, got, want)
+  with pytest.raises(ValueError, match="more than one axis"):
+    batch_axes(lambda b: jnp.zeros((b, b)))
+
+
+@pytest.mark.skipif(bool(_FAKE), reason="this is the parent of the fake-device run")
+def test_mesh_checks_on_fake_devices():
+  env = dict(os.environ, SPECJAX_FAKE_DEVICES="8", SPECJAX_CPU_KERNELS="0")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
+  cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k"]
+  res = subprocess.run(cmd + ["on_mesh"], env=env, capture_output=True, text=True, timeout=600)
+  tail = (res.stdout + res.stderr)[-6000:]
+  assert res.returncode == 0, tail
+  assert " passed" in res.stdout and " skipped" not in res.stdout, tail
+
+
+_COLLECTIVE = re.compile(
+  r"=\s*(.*?)\b(all-gather|all-reduce|all-to-all|collective-permute)(-start)?\("
+)
+
+
+def _moves(compiled, size: int) -> list[str]:
+  """Collectives in the compiled HLO with an operand/result dimension of `size` (tuples included)."""
+  hits = []
+  for line in compiled.as_text().splitlines():
+    m = _COLLECTIVE.search(line)
+    if m and any(size in map(int, filter(None, d.split(","))) for d in _DIMS.findall(m.group(1))):
+      hits.append(line.strip()[:160])
+  return hits
+
+
+_DIMS = re.compile(r"\w+\[([\d,]*)\]")
+
+
+def _mesh():
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices (test_mesh_checks_on_fake_devices runs this with 8 fake ones)")
+  return sh.MeshConfig((4, 2), ("data", "tensor")).build(jax.devices()[:8])
+
+
+def test_on_mesh_resampling_gathers_within_data_shards():
+  """Rows over data 4 (one request per shard), KV heads over tensor 2: the grouped gather moves no
+  cache between devices and equals the unsharded flat gather; the flat gather by global row index
+  (the control) moves the cache."""
+  mesh = _mesh()
+  state = _rows_state(1)
+  seq, cache, shared = state
+  put = lambda x, spec: jax.device_put(x, jax.sharding.NamedSharding(mesh, spec))  # noqa: E731
+  is_spec = lambda x: isinstance(x, jax.sharding.PartitionSpec)  # noqa: E731
+  placed_cache = jax.tree.map(
+    lambda p, x: put(x, p), sh.cache_specs(cache, mesh), cache, is_leaf=is_spec
+  )
+  placed = (put(seq, sh.batch_spec(seq.shape, mesh)), placed_cache, shared)
+  ancestors = jnp.array([[1, 1], [0, 1], [1, 0], [0, 0]], jnp.int32)
+  flat = (jnp.arange(GROUPS)[:, None] * PARTICLES + ancestors).reshape(-1)
+  axes = (0, KVCache(1, 1, 0), None)
+
+  grouped = jax.jit(lambda s, a: take_within_groups(s, axes, a)).lower(placed, ancestors).compile()
+  jax.tree.map(np.testing.assert_array_equal, grouped(placed, ancestors), _flat_take(state, flat))
+  assert not _moves(grouped, SLOTS), _moves(grouped, SLOTS)
+  assert grouped.output_shardings[1].k.is_equivalent_to(placed_cache.k.sharding, 5)  # still split
+  control = jax.jit(_flat_take).lower(placed, flat).compile()
+  assert _moves(control, SLOTS)
+
+
+def test_on_mesh_smc_loop_moves_no_cache_and_matches_unsharded(toy):
+  """The whole SMC-SD loop on R = 4 requests x N = 2 particles, rows over data 4, resampling every
+  cycle: no collective carries a cache-capacity-sized array, and particles equal the unsharded run."""
+  mesh = _mesh()
+  target, cfg, draft, dcfg = toy
+  P, L = pad_prompts([PROMPT, PROMPT[:3], PROMPT[1:], PROMPT[::-1]], bucket=len(PROMPT))
+  smc = SMCConfig(n_particles=2, max_new_tokens=9, ess_threshold=1.0, draft_temperature=1.0)
+  drafter, key = DraftModelDrafter(dcfg, k=2), jax.random.PRNGKey(7)
+  capacity = P.shape[1] + smc.max_new_tokens + drafter.k + 1 + drafter.capacity_slack()
+  assert capacity == 17  # a size no weight or activation of the toy has
+
+  def run(p, dp, x, n):
+    return smc_generate(p, cfg, drafter, dp, x, n, smc, key)
+
+  ref = run(target, draft, P, L)
+  args = (
+    sh.shard_params(target, mesh, sh.DEFAULT_RULES, cfg),
+    sh.shard_params(draft, mesh, sh.DEFAULT_RULES, dcfg),
+    *sh.shard_batch(mesh, sh.DEFAULT_RULES, P, L),
+  )
+  compiled = sh.compile_on_mesh(run, *args)
+  out = compiled(*args)
+  np.testing.assert_array_equal(out.particle_tokens, ref.particle_tokens)
+  np.testing.assert_array_equal(out.resamples, ref.resamples)
+  assert int(ref.resamples.min()) > 0
+  assert not _moves(compiled, capacity), _moves(compiled, capacity)
