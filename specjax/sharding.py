@@ -26,10 +26,10 @@ Dimensions whose size does not divide by their mesh axes are left replicated (Sm
 a tensor axis of 4, say), and so are logical names without a rule.
 
 Known costs (read off the compiled HLO of the (2, 4) tests):
-  * SMC-SD resampling gathers rows by ancestor index (`KVCache.take_rows`); XLA cannot tell that a
-    request's particles stay on their data shard, so each resampling all-gathers the caches over
-    "data" (weights are not gathered). Keep particles of a request on one data shard and gather
-    within it ([R, N] rows with a batched gather) to avoid it.
+  * SMC-SD forks particles with a repeat and resamples with a gather batched over requests
+    ([R, N] rows, `specjax.smc.take_within_groups`). With R a multiple of the data size (each
+    request's particles on one shard) no collective carries a cache; a flat gather by global row
+    index would all-gather them (tests/test_smc.py checks both on a (4, 2) mesh).
   * The CPU FFI kernels (`specjax.kernels`) are custom calls XLA cannot partition: on a CPU mesh they
     all-gather every weight and cache they read. Set SPECJAX_CPU_KERNELS=0 for sharded CPU runs;
     GPUs and TPUs take the plain-JAX path and are unaffected.
