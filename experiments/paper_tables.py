@@ -1,0 +1,178 @@
+"""Paper-shaped tables, one command each: every method and the AR baseline on the same prompts.
+
+  # Spec-Bench Table 1 shape: speedup per category, mean accepted tokens, overall.
+  python experiments/paper_tables.py --table=spec_bench --workdir=/tmp/specjax_t_spec_bench --small
+  # EAGLE-3 Table 1 shape: MT-bench, HumanEval, GSM8K (PyPI packages) and summarization
+  # (Spec-Bench, when its file is found): "speedup / tau" per method.
+  python experiments/paper_tables.py --table=eagle3 --workdir=/tmp/specjax_t_eagle3 --small
+  # Leviathan et al.: measured alpha and c, predicted vs measured tau and speedup, several K.
+  python experiments/paper_tables.py --table=leviathan --workdir=/tmp/specjax_t_leviathan --small
+
+Methods come from the experiment configs (`configs/*.py`), built by `specjax.experiment.methods`
+and run by one `specjax.experiment.runner.Runner`, so every method is timed against the same AR
+run of each prompt in this process (greedy, batch 1). Records go to WORKDIR/records.jsonl as prompts
+finish (a rerun resumes); the table is printed and written to WORKDIR/table.md, plots to WORKDIR
+(`specjax.experiment.plots`). `--small`: 1 prompt per category and 32 new tokens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+import time
+
+from absl import app, flags
+
+from specjax.drafters.shipped import list_shipped
+from specjax.experiment import paper, plots
+from specjax.experiment.costs import draft_cost_ratio
+from specjax.experiment.methods import build_method, load_target
+from specjax.experiment.packaged import load_default_suite
+from specjax.experiment.runner import Runner, run_suite
+from specjax.experiment.settings import settings_from_config
+from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES, find_spec_bench, load_spec_bench
+
+_TABLE = flags.DEFINE_enum("table", None, ["spec_bench", "eagle3", "leviathan"], "Which table.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for records, table and plots.")
+_SMALL = flags.DEFINE_bool("small", False, "1 prompt per category, 32 new tokens.")
+_PER_CATEGORY = flags.DEFINE_integer("per_category", 0, "Prompts per category (0: by size).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 0, "New tokens per prompt (0: by size).")
+_CATEGORIES = flags.DEFINE_list("categories", [], "Restrict to these categories.")
+_METHODS = flags.DEFINE_list(
+  "methods", [], "Method configs as FILE[:ARG] under configs/ (default: the table's list)."
+)
+_KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Leviathan table: draft lengths K.")
+_MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Target model.")
+_SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl (default: shared).")
+flags.mark_flags_as_required(["table", "workdir"])
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+SPEC_BENCH_METHODS = [
+  "prompt_lookup.py",
+  "draft_model.py:draft_lm2",
+  "medusa.py:chain",
+  "medusa.py:tree",
+  "eagle.py:eagle1",
+  "eagle.py:eagle3",
+  "trees.py:dynamic",
+]
+EAGLE3_TASKS = [
+  ("mt_bench", "MT-bench"),
+  ("humaneval", "HumanEval"),
+  ("gsm8k", "GSM8K"),
+  ("summarization", "CNN/DM"),
+]
+LEVIATHAN_METHODS = ["prompt_lookup.py", "draft_model.py:draft_lm2", "eagle.py:eagle1", "medusa.py"]
+
+
+def load_config(spec: str, overrides: dict):
+  """`configs/FILE` get_config(ARG) with `overrides` ({"drafter.k": 8, ...}) applied."""
+  name, _, arg = spec.partition(":")
+  path = os.path.join(CONFIGS, name)
+  module_spec = importlib.util.spec_from_file_location(name[:-3], path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  config = module.get_config(arg)
+  for key, value in overrides.items():
+    node = config
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node[p]
+    node[leaf] = value
+  return config
+
+
+def method_specs(table: str) -> list[tuple[str, dict]]:
+  """(config spec, overrides) per method of `table`; EAGLE-3 only when its head is shipped."""
+  shipped = list_shipped()
+  if _METHODS.value:
+    return [(s, {}) for s in _METHODS.value]
+  if table != "leviathan":
+    return [
+      (s, {})
+      for s in SPEC_BENCH_METHODS
+      if s != "eagle.py:eagle3" or "eagle3-smollm2-135m" in shipped
+    ]
+  out = []
+  for s in LEVIATHAN_METHODS:
+    for k in map(int, _KS.value):
+      if s.startswith("medusa") and k > 4:
+        continue  # 4 shipped Medusa heads
+      out.append((s, {"drafter.k": k}))
+  return out
+
+
+def load_table_prompts(table: str, per_category: int):
+  """Prompts of the table's tasks: Spec-Bench's categories, or EAGLE-3's task mix."""
+  if table != "eagle3":
+    path = find_spec_bench(_SPEC_BENCH.value)
+    cats = _CATEGORIES.value or SPEC_BENCH_CATEGORIES
+    return load_spec_bench(path, cats, per_category, 2), path
+  cats = _CATEGORIES.value or [c for c, _ in EAGLE3_TASKS]
+  prompts = load_default_suite([c for c in cats if c != "summarization"], per_category)
+  source = "PyPI data packages"
+  if "summarization" in cats:
+    try:
+      path = find_spec_bench(_SPEC_BENCH.value)
+      prompts += load_spec_bench(path, ("summarization",), per_category)
+      source += f" + {path}"
+    except FileNotFoundError as e:
+      print(f"no summarization column: {e}", flush=True)
+  return prompts, source
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  table, workdir = _TABLE.value, _WORKDIR.value
+  per_category = _PER_CATEGORY.value or (1 if _SMALL.value else 10)
+  max_new = _MAX_NEW.value or (32 if _SMALL.value else 128)
+  common = {"model": _MODEL.value, "max_new_tokens": max_new, "data.per_category": per_category}
+  specs = method_specs(table)
+  settings = [settings_from_config(load_config(s, {**common, **o})) for s, o in specs]
+  prompts, source = load_table_prompts(table, per_category)
+  t0 = time.perf_counter()
+  target = load_target(_MODEL.value)
+  try:
+    methods = [build_method(s, target) for s in settings]
+  except ValueError as e:
+    sys.exit(f"FATAL: {e}")
+  print(f"loaded {_MODEL.value} and {len(methods)} methods in {time.perf_counter() - t0:.1f} s")
+  log = lambda s: print(s, flush=True)
+  gen = settings[0].generate_config(target.tokenizer.stop_ids)
+  runner = Runner(target, methods, gen, 0, 64, log=log)
+  run_settings = {
+    "table": table,
+    "model": _MODEL.value,
+    "methods": [m.name for m in methods],
+    "max_new_tokens": max_new,
+    "prompts": [p.prompt_id for p in prompts],
+  }
+  records = run_suite(runner, prompts, workdir, run_settings, log=log)
+  title = (
+    f"{table}: {target.name}, {len(prompts)} prompts from {source}, {max_new} new tokens, greedy"
+  )
+  if table == "spec_bench":
+    cats = list(dict.fromkeys(p.category for p in prompts))
+    body = paper.spec_bench_table(records, cats)
+  elif table == "eagle3":
+    body = paper.eagle3_table(records, EAGLE3_TASKS)
+  else:
+    ids = target.tokenizer.encode_chat([{"role": "user", "content": prompts[0].turns[0]}])
+    costs = {m.name: draft_cost_ratio(target, m, ids) for m in methods}
+    for name, c in costs.items():
+      log(f"  cost {name}: propose {c['draft_s'] * 1e3:.1f} ms, target step "
+          f"{c['target_step_s'] * 1e3:.1f} ms, c = {c['c']:.3f}")  # fmt: skip
+    ks = {m.name: m.drafter.k for m in methods}
+    body = paper.leviathan_table(paper.leviathan_rows(records, costs, ks))
+  text = f"# {title}\n\n{body}\n"
+  print("\n" + text)
+  with open(os.path.join(workdir, "table.md"), "w") as f:
+    f.write(text)
+  written = plots.write_plots(records, workdir)
+  print(f"wrote {workdir}/table.md, records.jsonl" + "".join(f", {p}" for p in written))
+
+
+if __name__ == "__main__":
+  app.run(main)

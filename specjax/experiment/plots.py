@@ -1,0 +1,102 @@
+"""Plots (PNG, matplotlib) and TensorBoard scalars of a run's records.
+
+  acceptance_per_position.png  alpha_i (accepted / reached at draft position i, pooled over all
+                               prompts) per method.
+  speedup_per_task.png         speedup over AR per category and method (bars).
+  tensorboard/                 scalars per method (tag "<category>/<metric>", overall under
+                               "overall/"), readable by `tensorboard --logdir WORKDIR/tensorboard`.
+
+matplotlib and tensorboardX are optional (the `plots` extra); without them nothing is written and
+the returned list says why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from specjax.experiment.tables import OVERALL, summary_rows
+
+SCALARS = ("speedup", "tau", "acceptance_rate", "tok_s", "ar_tok_s")
+
+
+def _method_rows(records: Sequence[dict]) -> list[dict]:
+  return [r for r in summary_rows(records) if "tok_s" in r]
+
+
+def plot_acceptance(records: Sequence[dict], path: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in _method_rows(records):
+    if r["category"] == OVERALL and r["alpha_at"]:
+      xs = range(1, len(r["alpha_at"]) + 1)
+      ax.plot(xs, r["alpha_at"], marker="o", label=r["method"])
+  ax.set_xlabel("draft position i")
+  ax.set_ylabel("alpha_i (accepted / reached)")
+  ax.set_ylim(0, 1)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def plot_speedup(records: Sequence[dict], path: str) -> None:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  rows = _method_rows(records)
+  cats = list(dict.fromkeys(r["category"] for r in rows))
+  methods = list(dict.fromkeys(r["method"] for r in rows))
+  cell = {(r["category"], r["method"]): r["speedup"] for r in rows}
+  width = 0.8 / max(len(methods), 1)
+  fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats)), 4))
+  for j, m in enumerate(methods):
+    ys = [cell.get((c, m), 0.0) for c in cats]
+    ax.bar(np.arange(len(cats)) + j * width, ys, width, label=m)
+  ax.axhline(1.0, color="k", lw=0.8)
+  ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, cats, rotation=30, ha="right")
+  ax.set_ylabel("speedup over AR")
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  plt.close(fig)
+
+
+def write_scalars(records: Sequence[dict], logdir: str) -> None:
+  """One TensorBoard run per method; step = draft position for alpha_i, 0 otherwise."""
+  from tensorboardX import SummaryWriter
+
+  rows = _method_rows(records)
+  for method in dict.fromkeys(r["method"] for r in rows):
+    with SummaryWriter(os.path.join(logdir, method)) as w:
+      for r in (r for r in rows if r["method"] == method):
+        for name in SCALARS:
+          w.add_scalar(f"{r['category']}/{name}", r[name], 0)
+        for i, a in enumerate(r["alpha_at"]):
+          w.add_scalar(f"{r['category']}/alpha_at", a, i + 1)
+
+
+def write_plots(records: Sequence[dict], workdir: str) -> list[str]:
+  """Writes the PNGs and TensorBoard scalars into `workdir`; returns what it wrote (or why not)."""
+  if not _method_rows(records):
+    return []
+  out = []
+  try:
+    plot_acceptance(records, os.path.join(workdir, "acceptance_per_position.png"))
+    plot_speedup(records, os.path.join(workdir, "speedup_per_task.png"))
+    out += ["acceptance_per_position.png", "speedup_per_task.png"]
+  except ImportError:
+    out.append("(no plots: pip install -e '.[plots]')")
+  try:
+    write_scalars(records, os.path.join(workdir, "tensorboard"))
+    out.append("tensorboard/")
+  except ImportError:
+    out.append("(no TensorBoard scalars: pip install -e '.[plots]')")
+  return out
