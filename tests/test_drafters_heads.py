@@ -95,15 +95,23 @@ def _stop_token(params, cfg, P, L):
   return best
 
 
-@pytest.mark.parametrize(
-  "kind,k", [(kind, 3) for kind in KINDS] + [("medusa", 1), ("eagle1", 1), ("draft_lm", 4)]
-)
-def test_greedy_identical_to_ar(target, kind, k):
+@pytest.fixture(scope="module")
+def ar_reference(target):
+  """Padded prompts, a generation config whose stop token ends rows apart, and AR's output."""
   params, cfg = target
   P, L = pad_prompts(_prompts(), bucket=8)
   gen = GenerateConfig(max_new_tokens=30, stop_tokens=(_stop_token(params, cfg, P, L),))
   ar = generate(params, cfg, P, L, gen)
   assert len(set(np.asarray(ar.lengths).tolist())) > 1
+  return P, L, gen, ar
+
+
+@pytest.mark.parametrize(
+  "kind,k", [(kind, 3) for kind in KINDS] + [("medusa", 1), ("eagle1", 1), ("draft_lm", 4)]
+)
+def test_greedy_identical_to_ar(target, ar_reference, kind, k):
+  params, cfg = target
+  P, L, gen, ar = ar_reference
   d2t = np.arange(0, 64, 1)[np.arange(64) % 5 != 1]  # 51 of 64 tokens
   drafter, dparams = make_drafter(kind, params, cfg, k, d2t)
   out = speculative_generate(params, cfg, drafter, dparams, P, L, gen)
@@ -112,24 +120,28 @@ def test_greedy_identical_to_ar(target, kind, k):
   assert summarize(out.metrics)["drafted"] > 0
 
 
-def _propose(drafter, dparams, state, seq, seq_len, key):
-  fn = jax.jit(lambda *a: drafter.propose(*a, SamplingConfig(temperature=1.0)))
-  return fn(dparams, state, seq, seq_len, key)
+class _Protocol:
+  """Jitted protocol calls of one drafter at fixed shapes (prompts padded to `width`)."""
 
+  def __init__(self, drafter, tparams, cfg, width: int, capacity: int):
+    layers = tuple(drafter.hidden_layers)
+    sampling = SamplingConfig(temperature=1.0)
 
-def _init(drafter, dparams, tparams, cfg, prompts, lens, capacity):
-  """Prefill and drafter state for `prompts`, jitted."""
+    def init(dparams, tparams, prompts, lens):
+      pre = prefill(tparams, cfg, prompts, lens, capacity, layers)
+      return pre, drafter.init(dparams, pre, prompts, lens, capacity)
 
-  def run(dparams, tparams, prompts, lens):
-    pre = prefill(tparams, cfg, prompts, lens, capacity, tuple(drafter.hidden_layers))
-    return pre, drafter.init(dparams, pre, prompts, lens, capacity)
+    def verify(tparams, tokens):
+      return forward(tparams, tokens, init_cache(cfg, 1, width), cfg, hidden_layers=layers)
 
-  return jax.jit(run)(dparams, tparams, prompts, lens)
+    self.width = width
+    self.init = jax.jit(init)
+    self.propose = jax.jit(lambda *a: drafter.propose(*a, sampling))
+    self.verify = jax.jit(verify)
+    self.commit = jax.jit(drafter.commit)
 
-
-def _verify(tparams, cfg, tokens, hidden_layers):
-  run = lambda p, t: forward(p, t, init_cache(cfg, 1, t.shape[1]), cfg, hidden_layers=hidden_layers)
-  return jax.jit(run)(tparams, tokens)
+  def pad(self, tokens):
+    return jnp.zeros((1, self.width), jnp.int32).at[:, : tokens.shape[1]].set(tokens)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -140,35 +152,35 @@ def test_incremental_state_matches_fresh_init(target, kind):
   k, capacity = 4, 64
   d2t = np.arange(64)
   drafter, dparams = make_drafter(kind, tparams, cfg, k, d2t, seed=1)
+  run = _Protocol(drafter, tparams, cfg, width=48, capacity=capacity)
   prompt = _prompts()[1]
   seq = jnp.zeros((1, capacity), jnp.int32).at[0, : len(prompt)].set(jnp.asarray(prompt))
   lens = jnp.asarray([len(prompt)], jnp.int32)
-  pre, state = _init(drafter, dparams, tparams, cfg, seq[:, : len(prompt)], lens, capacity)
+  pre, state = run.init(dparams, tparams, run.pad(seq[:, : len(prompt)]), lens)
   seq = seq.at[0, len(prompt)].set(jnp.argmax(pre.logits[0]))
   seq_len = lens + 1
   key = jax.random.PRNGKey(0)
-  commit = jax.jit(drafter.commit)
   forced = [0, 3, 1, 4, 2, 0]  # accepted-draft counts to force: every case incl. full acceptance
   for n_acc in forced:
     n = int(seq_len[0])
-    _, fresh = _init(drafter, dparams, tparams, cfg, seq[:, : n - 1], seq_len - 1, capacity)
-    a = _propose(drafter, dparams, state, seq, seq_len, key)
-    b = _propose(drafter, dparams, fresh, seq, seq_len, key)
+    _, fresh = run.init(dparams, tparams, run.pad(seq[:, : n - 1]), seq_len - 1)
+    a = run.propose(dparams, state, seq, seq_len, key)
+    b = run.propose(dparams, fresh, seq, seq_len, key)
     np.testing.assert_allclose(np.asarray(a.logq), np.asarray(b.logq), atol=2e-4, rtol=1e-4)
     np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
     # Verify: the target scores [last, d_1..d_K]; force n_acc of the drafts to be "accepted" by
     # committing them followed by the target's token at that point.
     block = jnp.concatenate([seq[:, n - 1 : n], a.tokens], 1)
-    out = _verify(tparams, cfg, jnp.concatenate([seq[:, : n - 1], block], 1), drafter.hidden_layers)
-    hidden = out.hidden[:, n - 1 :]
-    layer_hidden = None if out.layer_hidden is None else out.layer_hidden[:, :, n - 1 :]
+    out = run.verify(tparams, run.pad(jnp.concatenate([seq[:, : n - 1], block], 1)))
+    hidden = out.hidden[:, n - 1 : n + k]
+    layer_hidden = None if out.layer_hidden is None else out.layer_hidden[:, :, n - 1 : n + k]
     nxt = jnp.argmax(out.logits[0, n - 1 + n_acc])
     new = jnp.concatenate([a.tokens[0, :n_acc], nxt[None]])
     seq = seq.at[0, n : n + n_acc + 1].set(new)
     m = jnp.asarray([n_acc + 1], jnp.int32)
     step = StepResult(seq_len, jnp.asarray([n_acc]), m, hidden, layer_hidden)
     seq_len = seq_len + m
-    state = commit(dparams, a.state, seq, seq_len, step)
+    state = run.commit(dparams, a.state, seq, seq_len, step)
 
 
 def test_medusa_commit_takes_last_committed_hidden():
@@ -286,4 +298,6 @@ def test_shipped_drafters_on_smollm2(smollm2):
     )
     np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens), err_msg=name)
     s = summarize(out.metrics)
-    assert s["tau"] > 1.3, (name, s)
+    # A drafter whose state or vocabulary indexing is off by one agrees with the target almost never
+    # (~0 of ~80 first drafts); every shipped one agrees on >= 10% of first drafts here.
+    assert s["accept_per_pass_at"][0] > 0.08, (name, s)

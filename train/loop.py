@@ -165,6 +165,9 @@ def train(
   """
   os.makedirs(workdir, exist_ok=True)
   optimizer = make_optimizer(settings)
+  # The step donates the state; trainable arrays may alias frozen ones (a head initialised from the
+  # target's embedding, say), so the state gets buffers of its own.
+  trainable = jax.tree.map(lambda x: jnp.array(x, copy=True), trainable)
   state = TrainState(jnp.zeros((), jnp.int32), trainable, optimizer.init(trainable))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
   if ckpt.latest_step() is not None:
