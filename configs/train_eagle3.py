@@ -11,13 +11,16 @@ Commands (from the repository root):
 
 import ml_collections
 
-from train.settings import apply_variant, base_config
+from train.settings import SMOLLM2_CACHE, apply_variant, base_config
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config = base_config()
   config.data.cache_dir = "~/.cache/specjax/features/smollm2-v1-layers"
   config.data.features.hidden_layers = (2, 15, 27)
+  # The self-distilled documents of the other drafters' cache (same held-out split), read through
+  # the target once each to record the fused layers (no decoding).
+  config.data.read_through_from = SMOLLM2_CACHE
   config.objective.kind = "eagle"
   config.objective.steps = 3
   config.objective.fuse_layers = (2, 15, 27)
@@ -31,5 +34,6 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.ship.name = "eagle3-smollm2-135m"
   config = apply_variant(config, arg)
   if arg == "tiny":
+    config.data.read_through_from = ""
     config.objective.fuse_layers = (0, 1)
   return config

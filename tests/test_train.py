@@ -29,8 +29,9 @@ from specjax.metrics import summarize
 from specjax.model import forward, lm_head
 from specjax.sampling import SamplingConfig
 from specjax.speculative import speculative_generate
-from train import decontam, pipeline, prompts, sources
+from train import decontam, pipeline, prompts, sources, teacher_forced
 from train.data import Batch, Windows, step_windows
+from train.features import FeatureStore
 from train.loop import make_optimizer, read_metrics
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -82,6 +83,37 @@ def test_features_are_the_targets_greedy_responses(tiny):
     np.testing.assert_array_equal(
       np.asarray(ar.tokens[0, : min(8, n - p)]), store.tokens[s + p : s + min(n, p + 8)]
     )
+
+
+def _killed_after(n: int):
+  """A log sink that raises at its n-th line (a process killed mid-build)."""
+  lines = []
+
+  def log(line: str) -> None:
+    lines.append(line)
+    if len(lines) == n:
+      raise KeyboardInterrupt
+
+  return log
+
+
+def test_read_through_cache_matches_the_decoded_one_and_resumes(tiny, tmp_path):
+  root, params, cfg, store = tiny[:4]
+  docs = teacher_forced.cache_documents(str(root / "features" / "packed"))
+  out = str(tmp_path / "packed")
+  args = (docs, out, params, cfg, (1,), 256, 16)
+  with pytest.raises(KeyboardInterrupt):
+    teacher_forced.build(*args, log=_killed_after(2))
+  lines = []
+  stats = teacher_forced.build(*args, log=lines.append)
+  assert lines[0].startswith("read-through: chunk 3/") and stats["positions"] == store.n_positions
+  got = FeatureStore.open(out)
+  np.testing.assert_array_equal(got.tokens, store.tokens)
+  np.testing.assert_array_equal(got.heldout, store.heldout)
+  np.testing.assert_array_equal(got.prompt_lens, store.prompt_lens)
+  # Every position equals what decoding recorded, up to float16 rounding.
+  np.testing.assert_allclose(got.hidden, store.hidden, atol=2e-2, rtol=1e-2)
+  np.testing.assert_allclose(got.layers[0], store.layers[1], atol=2e-2, rtol=1e-2)
 
 
 def test_data_order_is_a_pure_function_of_the_step(tiny):
@@ -181,12 +213,23 @@ KINDS = {
 }
 
 
+@pytest.fixture(scope="module")
+def heldout_ar(tiny):
+  """Held-out prompts of the tiny cache and the target's AR greedy continuation of them."""
+  _, params, cfg, store = tiny[:4]
+  docs = np.flatnonzero(store.heldout)
+  starts, lens = store.doc_starts[docs], store.prompt_lens[docs]
+  P, L = pad_prompts([list(store.tokens[s : s + n]) for s, n in zip(starts, lens)], bucket=16)
+  gen = GenerateConfig(max_new_tokens=24)
+  return P, L, gen, generate(params, cfg, P, L, gen)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_each_kind_learns_ships_and_decodes_exactly(tiny, kind):
+def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, kind):
   root, params, cfg, store = tiny[:4]
   name, objective = KINDS[kind]
   config = tiny_config(name, root, **objective)
-  config.train.update({"steps": 60, "lr": 2e-3, "save_every": 1000})
+  config.train.update({"steps": 40, "lr": 2e-3, "save_every": 1000})
   config.ship.name = f"tiny-{kind}"
   workdir = str(root / f"work_{kind}")
   _, _, _, heldout, meta = pipeline.run(config, workdir, lambda _: None)
@@ -194,21 +237,14 @@ def test_each_kind_learns_ships_and_decodes_exactly(tiny, kind):
   for r in read_metrics(os.path.join(workdir, "metrics.jsonl")):
     if "loss" in r:
       kl[r["step"]] = sum(v for k, v in r.items() if k.startswith("kl"))
-  assert np.mean([kl[s] for s in range(51, 61)]) < 0.9 * np.mean([kl[s] for s in range(1, 6)])
+  assert np.mean([kl[s] for s in range(31, 41)]) < 0.9 * np.mean([kl[s] for s in range(1, 6)])
   assert meta["heldout"] == heldout and meta["sha256"] and meta["data"]["prompts_sha256"]
   assert set(heldout) > {"eval_positions"} and all(
     0 <= v <= 1 for k, v in heldout.items() if k != "eval_positions"
   )
   shipped = load_shipped(f"tiny-{kind}", params, cfg, config.ship.dir)
   # Greedy speculative decoding with the shipped drafter on held-out prompts equals AR greedy.
-  docs = np.flatnonzero(store.heldout)
-  plist = [
-    list(store.tokens[store.doc_starts[d] : store.doc_starts[d] + store.prompt_lens[d]])
-    for d in docs
-  ]
-  P, L = pad_prompts(plist, bucket=16)
-  gen = GenerateConfig(max_new_tokens=24)
-  ar = generate(params, cfg, P, L, gen)
+  P, L, gen, ar = heldout_ar
   out = speculative_generate(params, cfg, shipped.drafter(3), shipped.params, P, L, gen)
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
   assert summarize(out.metrics)["drafted"] > 0

@@ -19,7 +19,7 @@ import numpy as np
 from specjax.config import ModelConfig
 from specjax.drafters.draft_vocab import top_tokens
 from specjax.loading.registry import load_model
-from train import features, objectives, prompts, sources
+from train import features, objectives, prompts, sources, teacher_forced
 from train.data import Windows
 from train.loop import TrainSettings, read_metrics, train
 
@@ -36,6 +36,9 @@ class DataSettings:
     draft_vocab: Vd, the draft vocabulary size (capped at the target's V).
     vocab_sharegpt_chars: after the tokens of the training documents, rank the rest of the draft
       vocabulary by their frequency in this many characters of ShareGPT assistant turns.
+    read_through_from: a packed-cache directory; when set, this cache holds its documents (and
+      held-out split) read through the target once each (`train.teacher_forced`) to record
+      `features.hidden_layers`, instead of decoding the recipe's prompts again.
   """
 
   cache_dir: str
@@ -44,6 +47,7 @@ class DataSettings:
   synthetic_prompts: int = 0
   draft_vocab: int = 8192
   vocab_sharegpt_chars: int = 0
+  read_through_from: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +75,7 @@ def settings_from_config(config) -> RunSettings:
     synthetic_prompts=d.get("synthetic_prompts", 0),
     draft_vocab=d["draft_vocab"],
     vocab_sharegpt_chars=d.get("vocab_sharegpt_chars", 0),
+    read_through_from=os.path.expanduser(d.get("read_through_from", "")),
   )
   return RunSettings(
     target=c["target"],
@@ -143,6 +148,8 @@ def ensure_features(
   if os.path.exists(os.path.join(packed, "docs.json")):
     with open(manifest_path) as f:
       return features.FeatureStore.open(packed, n_heldout), json.load(f)
+  if s.data.read_through_from:
+    return _read_through_cache(s, params, tcfg, n_heldout, log)
   if s.data.synthetic_prompts:
     plist = _synthetic_prompts(s.data.synthetic_prompts, tcfg.vocab_size, s.data.recipe.seed)
   else:
@@ -168,6 +175,27 @@ def ensure_features(
   manifest["generation_s"] = features.pack(shards, packed)
   manifest["packed_positions"] = n
   with open(manifest_path, "w") as f:
+    json.dump(manifest, f, indent=1)
+  return features.FeatureStore.open(packed, n_heldout), manifest
+
+
+def _read_through_cache(s: RunSettings, params, tcfg, n_heldout: int, log):
+  """Builds s.data.cache_dir from the documents of s.data.read_through_from, with the layers."""
+  src = s.data.read_through_from
+  if not os.path.exists(os.path.join(src, "packed", "docs.json")):
+    raise FileNotFoundError(f"data.read_through_from={src} has no packed feature cache")
+  with open(os.path.join(src, "manifest.json")) as f:
+    manifest = json.load(f)
+  if manifest["target"] != s.target:
+    raise ValueError(f"{src} holds features of {manifest['target']}, not of {s.target}")
+  docs = teacher_forced.cache_documents(os.path.join(src, "packed"))
+  layers = tuple(s.data.features.hidden_layers)
+  manifest["spec"]["hidden_layers"] = list(layers)
+  manifest["read_through_from"] = src
+  os.makedirs(s.data.cache_dir, exist_ok=True)
+  packed = os.path.join(s.data.cache_dir, "packed")
+  manifest["read_through"] = teacher_forced.build(docs, packed, params, tcfg, layers, log=log)
+  with open(os.path.join(s.data.cache_dir, "manifest.json"), "w") as f:
     json.dump(manifest, f, indent=1)
   return features.FeatureStore.open(packed, n_heldout), manifest
 

@@ -22,6 +22,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.synthetic_prompts = 0  # > 0: random-token prompts instead of the recipe (tests)
   c.data.draft_vocab = 8192  # Vd
   c.data.vocab_sharegpt_chars = 4_000_000  # ranks draft-vocabulary tokens the data lacks
+  # A cache whose documents this one re-reads through the target, one pass each (no decoding), to
+  # record features.hidden_layers (train.teacher_forced); "" decodes the recipe's prompts.
+  c.data.read_through_from = ""
   c.data.recipe = ml_collections.ConfigDict(
     dict(
       n_sharegpt=1200,
