@@ -30,9 +30,11 @@ Known costs (read off the compiled HLO of the (2, 4) tests):
     ([R, N] rows, `specjax.smc.take_within_groups`). With R a multiple of the data size (each
     request's particles on one shard) no collective carries a cache; a flat gather by global row
     index would all-gather them (tests/test_smc.py checks both on a (4, 2) mesh).
-  * The CPU FFI kernels (`specjax.kernels`) are custom calls XLA cannot partition: on a CPU mesh they
-    all-gather every weight and cache they read. Set SPECJAX_CPU_KERNELS=0 for sharded CPU runs;
-    GPUs and TPUs take the plain-JAX path and are unaffected.
+  * The CPU FFI kernels (`specjax.kernels`) are custom calls XLA cannot partition, so they are
+    chosen only where a computation is lowered for one device (or inside a `shard_map` body whose
+    mesh axes are all manual); a computation partitioned over several CPU devices lowers the
+    plain-JAX path instead, which partitions like the rest (`specjax.kernels.dispatch`; checked
+    on the (2, 4) mesh). GPUs and TPUs always take the plain-JAX path.
 """
 
 from __future__ import annotations

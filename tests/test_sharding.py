@@ -3,9 +3,10 @@
 The mesh tests need 8 devices, and JAX fixes the CPU device count when it initialises, so
 `test_mesh_suite_on_fake_devices` reruns this file's `on_mesh` tests in a child pytest process with
 SPECJAX_FAKE_DEVICES=8 (this module then sets `jax_num_cpu_devices` before JAX starts). The child
-also turns off the CPU FFI kernels (their custom calls are not partitionable and would gather every
-weight) and lowers XLA's backend optimisation level to cut compile time; partitioning, and so the
-collectives checked here, happen before the backend.
+keeps the CPU FFI kernels on: the unsharded references use them (one device), the partitioned runs
+must fall back to plain JAX (`specjax.kernels.dispatch`) instead of gathering every weight for the
+kernels' custom calls. It lowers XLA's backend optimisation level to cut compile time;
+partitioning, and so the collectives checked here, happen before the backend.
 
 The tiny models' dimensions (D 48, H*Dh 64, Hkv*Dh 32, F 160, V 384) are chosen so that no activation
 or cache shape contains a weight matrix's pair of dimensions, which is what `weight_gathers` looks for.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -182,7 +184,7 @@ def test_collective_parser_reads_result_shapes():
 
 @pytest.mark.skipif(bool(_FAKE), reason="this is the parent of the fake-device run")
 def test_mesh_suite_on_fake_devices():
-  env = dict(os.environ, SPECJAX_FAKE_DEVICES="8", SPECJAX_CPU_KERNELS="0")
+  env = dict(os.environ, SPECJAX_FAKE_DEVICES="8")
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
   cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k"]
   res = subprocess.run(cmd + ["on_mesh"], env=env, capture_output=True, text=True, timeout=900)
@@ -293,6 +295,56 @@ def test_on_mesh_weight_gather_check_catches_a_gather(setup):
   rep = NamedSharding(setup.mesh, P())
   compiled = jax.jit(lambda w: w * 2, out_shardings=rep).lower(setup.sharded.layers.wq).compile()
   assert sh.weight_gathers(compiled.as_text(), setup.params)
+
+
+def _kernel_calls(hlo_text: str) -> set[str]:
+  return set(re.findall(r'custom_call_target="(specjax_cpu_\w+)"', hlo_text))
+
+
+def test_on_mesh_cpu_kernels_give_way_to_plain_jax_when_partitioned(setup):
+  """One device: the FFI kernels. Partitioned over 8: plain JAX, no weight gathered, same logits.
+
+  Controls: the raw kernel call on split weights gathers them (what the dispatch avoids), and a
+  `shard_map` body whose mesh axes are all manual (local shards) keeps the kernels.
+  """
+  kernels = pytest.importorskip("specjax.kernels")
+  if not kernels.kernel_enabled(1):
+    pytest.skip(f"CPU kernels unavailable: {kernels.unavailable_reason()}")
+  from specjax.kernels import projection
+
+  tokens = setup.prompts[:, :3]
+  cache = init_cache(CFG, 4, 16)
+  cache = type(cache)(cache.k, cache.v, setup.lens)
+
+  def step(p, t, c):
+    return forward(p, t, c, CFG).logits
+
+  one = jax.jit(step).lower(setup.params, tokens, cache).compile()
+  # (head_dim 8 is below the attention kernel's 16, so attention is plain JAX here)
+  assert _kernel_calls(one.as_text()) == {"specjax_cpu_linear", "specjax_cpu_cache_write"}
+  c_specs = sh.cache_specs(cache, setup.mesh)
+  s_cache = jax.device_put(cache, jax.tree.map(lambda s: NamedSharding(setup.mesh, s), c_specs))
+  (s_tokens,) = sh.shard_batch(setup.mesh, sh.DEFAULT_RULES, tokens)
+  split = sh.compile_on_mesh(step, setup.sharded, s_tokens, s_cache)
+  assert not _kernel_calls(split.as_text())
+  _assert_no_weight_gathers(split, setup.params)
+  want = one(setup.params, tokens, cache)
+  np.testing.assert_allclose(split(setup.sharded, s_tokens, s_cache), want, rtol=1e-4, atol=1e-4)
+
+  w = setup.sharded.layers.w_gate
+  raw = jax.jit(lambda x, w: projection._call(x, (w,), jnp.int32(0), projection._NONE))
+  x = jnp.ones((2, CFG.d_model))
+  assert sh.weight_gathers(raw.lower(x, w).compile().as_text(), setup.params)
+
+  specs = (P(), P("data"), type(cache)(P(None, "data"), P(None, "data"), P("data")))
+  local = jax.shard_map(step, mesh=setup.mesh, in_specs=specs, out_specs=P("data"))
+  args = [
+    jax.device_put(a, jax.tree.map(lambda s: NamedSharding(setup.mesh, s), sp))
+    for a, sp in zip((setup.params, tokens, cache), specs)
+  ]
+  manual = jax.jit(local).lower(*args).compile()
+  assert "specjax_cpu_linear" in _kernel_calls(manual.as_text())
+  np.testing.assert_allclose(manual(*args), want, rtol=1e-4, atol=1e-4)
 
 
 def test_on_mesh_ar_greedy_matches_unsharded(setup):

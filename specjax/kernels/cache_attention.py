@@ -4,7 +4,8 @@ XLA:CPU runs the two batched dots of attention on copies of the layer's cache, t
 the (row, kv-head) batch axes lead; at batch 8 those copies cost as much as the projections. On CPU
 a kernel reads the [L, B, S, Hkv, Dh] cache in place, scores a block of queries of one kv head
 against its keys, takes the masked softmax and mixes the values, skipping slots after the last
-visible one. Elsewhere (and for prefill-sized inputs) it is the plain einsum formulation.
+visible one. Elsewhere (other platforms, prefill-sized inputs, computations partitioned over several
+devices) it is the plain einsum formulation.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.kernels import projection
+from specjax.kernels.dispatch import kernel_or_fallback
 from specjax.kernels.projection import kernel_enabled
 
 
@@ -50,20 +52,6 @@ def _call(q, k_all, v_all, layer, mask):
   return y.astype(q.dtype)
 
 
-def _fwd(q, k_all, v_all, layer, mask):
-  return _call(q, k_all, v_all, layer, mask), (q, k_all, v_all, layer, mask)
-
-
-def _bwd(res, g):
-  q, k_all, v_all, layer, mask = res
-  _, vjp = jax.vjp(lambda q, k, v: reference(q, k, v, layer, mask), q, k_all, v_all)
-  return (*vjp(g), None, None)
-
-
-_kernel = jax.custom_vjp(_call)
-_kernel.defvjp(_fwd, _bwd)
-
-
 def attention(q, k_all, v_all, layer, mask):
   """Attention of new queries over cache layer `layer`.
 
@@ -82,4 +70,4 @@ def attention(q, k_all, v_all, layer, mask):
   if not usable or not kernel_enabled(B * T):
     return reference(q, k_all, v_all, layer, mask)
   layer = jnp.asarray(layer, jnp.int32)
-  return jax.lax.platform_dependent(q, k_all, v_all, layer, mask, cpu=_kernel, default=reference)
+  return kernel_or_fallback(_call, reference, q, k_all, v_all, layer, mask)

@@ -2,8 +2,9 @@
 
 On CPU a small kernel copies each row's new slots into the [L, B, S, ...] buffer, which it aliases:
 XLA:CPU computes 16-bit float ops in float32, so a bfloat16 `dynamic_update_slice` into the
-stacked cache would convert all of it every layer. Elsewhere it is a scatter of the new slots.
-Either way nothing but the new slots is written.
+stacked cache would convert all of it every layer. Elsewhere (other platforms, or a computation
+partitioned over several devices: see `specjax.kernels.dispatch`) it is a scatter of the new
+slots. Either way nothing but the new slots is written.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.kernels import build
+from specjax.kernels.dispatch import kernel_or_fallback
 
 
 def _slots(new, starts):
@@ -33,26 +35,6 @@ def _cpu(buf, new, layer, starts):
   return call(buf, new, layer, starts)
 
 
-def _per_platform(buf, new, layer, starts):
-  return jax.lax.platform_dependent(buf, new, layer, starts, cpu=_cpu, default=_xla)
-
-
-def _either_fwd(buf, new, layer, starts):
-  return _per_platform(buf, new, layer, starts), (new, layer, starts)
-
-
-def _either_bwd(res, g):
-  new, layer, starts = res
-  rows, slots = _slots(new, starts)
-  d_new = g[layer, rows, slots]
-  d_buf = _xla(g, jnp.zeros_like(new), layer, starts)  # overwritten slots get no gradient
-  return d_buf, d_new, None, None
-
-
-_either = jax.custom_vjp(_per_platform)
-_either.defvjp(_either_fwd, _either_bwd)
-
-
 def write_layer(buf: jax.Array, layer: jax.Array, new: jax.Array, starts: jax.Array) -> jax.Array:
   """buf[layer, b, starts[b] : starts[b] + T] = new[b] for every row b.
 
@@ -70,4 +52,4 @@ def write_layer(buf: jax.Array, layer: jax.Array, new: jax.Array, starts: jax.Ar
   starts = starts.astype(jnp.int32)
   if not build.load():
     return _xla(buf, new, layer, starts)
-  return _either(buf, new, layer, starts)
+  return kernel_or_fallback(_cpu, _xla, buf, new, layer, starts)

@@ -5,8 +5,9 @@ weight matrix before multiplying, which costs more memory traffic than the multi
 sliced out of a stacked [L, N, D] array inside `lax.scan` is copied before every layer. The kernel
 reads the chosen layer's [N, D] weights in place, each row once, against all rows of x, and can
 serve several projections of the same x (Q/K/V, or gate/up with the SwiGLU product) in one call.
-Other backends, and row counts where a packed GEMM wins, use `einsum`; the choice is made per
-platform at lowering time, so one jitted function serves every backend.
+Other backends, computations partitioned over several devices, and row counts where a packed GEMM
+wins use `einsum`; the choice is made at lowering time (`specjax.kernels.dispatch`), so one jitted
+function serves every backend and mesh.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.kernels import build
+from specjax.kernels.dispatch import kernel_or_fallback
 
 # Rows of x up to which the kernel beats XLA's GEMM on CPU (measured: benchmarks/RESULTS.md).
 MAX_KERNEL_ROWS = 64
@@ -55,25 +57,6 @@ def _call(x, ws, layer, epilogue):
   )
 
 
-def _kernel_fwd(x, ws, layer, epilogue):
-  return _call(x, ws, layer, epilogue), (x, ws, layer)
-
-
-def _kernel_bwd(epilogue, res, g):
-  x, ws, layer = res
-
-  def ref(x, ws):
-    return _xla(x, ws, layer if ws[0].ndim == 3 else None, epilogue)
-
-  _, vjp = jax.vjp(ref, x, ws)
-  dx, dws = vjp(g)
-  return dx, dws, None
-
-
-_kernel = jax.custom_vjp(_call, nondiff_argnums=(3,))
-_kernel.defvjp(_kernel_fwd, _kernel_bwd)
-
-
 def kernel_enabled(rows: int) -> bool:
   """Whether the projections lower to the kernel on CPU for x with `rows` rows (static)."""
   return rows <= MAX_KERNEL_ROWS and build.load()
@@ -86,13 +69,13 @@ def _project(x, ws, layer, epilogue):
   idx = jnp.zeros((), jnp.int32) if layer is None else jnp.asarray(layer, jnp.int32)
   stacked = layer is not None
 
-  def cpu(x, ws, i):
-    return _kernel(x, tuple(ws), i, epilogue)
+  def cpu(x, i, *ws):
+    return _call(x, ws, i, epilogue)
 
-  def default(x, ws, i):
+  def default(x, i, *ws):
     return _xla(x, ws, i if stacked else None, epilogue)
 
-  return jax.lax.platform_dependent(x, tuple(ws), idx, cpu=cpu, default=default)
+  return kernel_or_fallback(cpu, default, x, idx, *ws)
 
 
 def linear(x: jax.Array, w: jax.Array, layer: jax.Array | None = None) -> jax.Array:
