@@ -45,7 +45,12 @@ setup(
     include=["specjax", "specjax.*", "train", "train.*", "experiments", "configs"]
   ),
   package_data={
-    "specjax": ["kernels/*.cc", "kernels/*.h", "drafters/shipped/*.json", "drafters/shipped/*.safetensors"]
+    "specjax": [
+      "kernels/*.cc",
+      "kernels/*.h",
+      "drafters/shipped/*.json",
+      "drafters/shipped/*.safetensors",
+    ]
   },
   python_requires=">=3.10",
   install_requires=INSTALL_REQUIRES,
