@@ -274,11 +274,12 @@ def table_row(name: str, rs: list[dict], ar: list[dict], chain: list[dict]) -> s
     return f"{int(sum(vals))}/{len(vals)}" if vals else "-"
 
   ll = np.array([r["loglik"] for r in rs])
+  ll_se = f"{ll.std(ddof=1) / np.sqrt(len(ll)):.3f}" if len(ll) > 1 else "-"
   resamples = sum(r["resamples"] for r in rs) if "resamples" in rs[0] else "-"
   return (
     f"| {name} | {np.mean([r['tok_s'] for r in rs]):.1f} | {speedup(ar):.2f}x "
     f"| {speedup(chain):.2f}x | {mean_of('tau')} | {resamples} | {mean_of('resample_rate')} "
-    f"| {mean_of('ess_over_n')} | {ll.mean():.3f} +- {ll.std(ddof=1) / np.sqrt(len(ll)):.3f} "
+    f"| {mean_of('ess_over_n')} | {ll.mean():.3f} +- {ll_se} "
     f"| {task_score('gsm8k')} | {task_score('humaneval')} |"
   )
 
