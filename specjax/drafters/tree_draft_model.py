@@ -190,6 +190,42 @@ class StaticTreeDrafter:
     return TreeDraftState(state.cache.take_rows(rows), state.fed[rows])
 
 
+def select_dynamic_tree(seq, seq_len, pool_tok, pool_score, pool_parent, top_k, depth, n_nodes):
+  """The EAGLE-2 tree: the n_nodes - 1 candidates with the best cumulative draft log-prob.
+
+  Args:
+    seq, seq_len: the rows' sequences; the root is seq[seq_len - 1].
+    pool_tok: [B, P] candidate tokens, level by level: top_k at depth 1, then top_k**2 per level.
+    pool_score: [B, P] cumulative draft log-probabilities (a child's never exceeds its parent's).
+    pool_parent: [B, P] pool index of each candidate's parent, -1 for the root's children.
+    top_k, depth, n_nodes: the drafter's settings (P = top_k + (depth - 1) * top_k**2).
+
+  Returns:
+    (TokenTree with deterministic children, sel [B, n_nodes - 1] pool index of nodes 1..N-1).
+    The selected set is closed under parents; kept in pool order, parents precede children.
+  """
+  B, P = pool_tok.shape
+  rows = jnp.arange(B)[:, None]
+  pool_depth = np.concatenate(
+    [np.ones(top_k, np.int32)] + [np.full(top_k**2, d, np.int32) for d in range(2, depth + 1)]
+  )
+  _, sel = jax.lax.top_k(pool_score, n_nodes - 1)
+  sel = jnp.sort(sel, 1)  # parents precede children
+  node_of = (
+    jnp.full((B, P), -1, jnp.int32).at[rows, sel].set(jnp.arange(1, n_nodes, dtype=jnp.int32))
+  )
+  par_pool = pool_parent[rows, sel]
+  parent = jnp.where(par_pool >= 0, node_of[rows, jnp.maximum(par_pool, 0)], 0)
+  parent = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), jnp.maximum(parent, 0)], 1)
+  node_depth = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), jnp.asarray(pool_depth)[sel]], 1)
+  root = jnp.take_along_axis(seq, (seq_len - 1)[:, None], 1)
+  tokens = jnp.concatenate([root, pool_tok[rows, sel]], 1)
+  tree = TokenTree(
+    tokens, parent, node_depth, ancestor_mask(parent, depth), children_table(parent, top_k), None
+  )
+  return tree, sel
+
+
 @dataclasses.dataclass(frozen=True)
 class DynamicTreeDrafter:
   """A draft model drafting EAGLE-2 dynamic trees (deterministic children).
@@ -288,28 +324,15 @@ class DynamicTreeDrafter:
   def _select(self, seq, seq_len, pool_tok, pool_score, pool_parent, fed_pool, cache):
     """Keeps the n_nodes - 1 best pool entries (in pool order) as the tree."""
     B, P = pool_tok.shape
-    k, N = self.top_k, self.n_nodes
     rows = jnp.arange(B)[:, None]
-    pool_depth = np.concatenate(
-      [np.ones(k, np.int32)] + [np.full(k * k, d, np.int32) for d in range(2, self.depth + 1)]
+    tree, sel = select_dynamic_tree(
+      seq, seq_len, pool_tok, pool_score, pool_parent, self.top_k, self.depth, self.n_nodes
     )
-    _, sel = jax.lax.top_k(pool_score, N - 1)
-    sel = jnp.sort(sel, 1)  # parents precede children
-    node_of = jnp.full((B, P), -1, jnp.int32).at[rows, sel].set(jnp.arange(1, N, dtype=jnp.int32))
-    par_pool = pool_parent[rows, sel]
-    parent = jnp.where(par_pool >= 0, node_of[rows, jnp.maximum(par_pool, 0)], 0)
-    parent = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), jnp.maximum(parent, 0)], 1)
-    depth = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), jnp.asarray(pool_depth)[sel]], 1)
-    root = jnp.take_along_axis(seq, (seq_len - 1)[:, None], 1)
-    tokens = jnp.concatenate([root, pool_tok[rows, sel]], 1)
     # Draft K/V slot of each node: its position in the last pass's feed, if it was read.
     feed_pos = jnp.full((B, P), -1, jnp.int32)
     if fed_pool.shape[1]:
       feed_pos = feed_pos.at[rows, fed_pool].set(jnp.arange(fed_pool.shape[1], dtype=jnp.int32))
     fed = jnp.concatenate([jnp.full((B, 1), -1, jnp.int32), feed_pos[rows, sel]], 1)
-    tree = TokenTree(
-      tokens, parent, depth, ancestor_mask(parent, self.depth), children_table(parent, k), None
-    )
     return TreeProposal(tree, TreeDraftState(cache, fed))
 
   def commit(self, params, state: TreeDraftState, seq, seq_len, step: TreeStepResult):
