@@ -25,6 +25,8 @@ Examples:
   python benchmarks/verify_cost.py --quick                # k=1,2,4,8, batch 1, float32, 5 rounds
   python benchmarks/verify_cost.py --model smollm2-135m-instruct --skip-verify
   python benchmarks/verify_cost.py --quick --baseline-model /tmp/model_before.py
+  python benchmarks/verify_cost.py --model smollm2-135m-instruct --skip-verify --skip-ar \
+    --ar-dtype-race                                       # float32 vs bfloat16 AR, interleaved
   SPECJAX_CPU_KERNELS=0 python benchmarks/verify_cost.py  # the plain-JAX formulation on CPU
 """
 
@@ -187,28 +189,37 @@ def measure_ar(params, cfg, new_tokens, prompt_len, rounds, key, impls):
   The decode-step time is (T(new_tokens) - T(1)) / (new_tokens - 1), both calls the same compiled
   function (per-row budgets are dynamic), so prefill and dispatch cancel.
   """
-  prompt = jax.random.randint(key, (1, prompt_len), 0, cfg.vocab_size).astype(jnp.int32)
+  runs = {name: (params, cfg, f) for name, f in impls.items()}
+  return measure_ar_runs(runs, new_tokens, prompt_len, rounds, key)
+
+
+def measure_ar_runs(runs, new_tokens, prompt_len, rounds, key):
+  """`measure_ar` for {name: (params, cfg, forward)}, all timed interleaved round by round (e.g.
+  the same model in float32 and bfloat16)."""
+  vocab = min(cfg.vocab_size for _, cfg, _ in runs.values())
+  prompt = jax.random.randint(key, (1, prompt_len), 0, vocab).astype(jnp.int32)
   lens = jnp.asarray([prompt_len], jnp.int32)
   gen = GenerateConfig(max_new_tokens=new_tokens)
-  gens = {name: make_generate(f) for name, f in impls.items()}
+  gens = {name: make_generate(f) for name, (_, _, f) in runs.items()}
 
   def run(name, budget):
+    params, cfg, _ = runs[name]
     out = gens[name](params, cfg, prompt, lens, gen, max_new_per_row=jnp.asarray([budget]))
     _sync(out.tokens)
     return int(out.lengths[0])
 
-  for name in impls:  # compile; no stop tokens, so every row runs to its budget
+  for name in runs:  # compile; no stop tokens, so every row runs to its budget
     assert run(name, new_tokens) == new_tokens and run(name, 1) == 1
-  full = {name: [] for name in impls}
-  one = {name: [] for name in impls}
+  full = {name: [] for name in runs}
+  one = {name: [] for name in runs}
   for _ in range(rounds):
-    for name in impls:
+    for name in runs:
       for budget, acc in ((new_tokens, full), (1, one)):
         t = time.perf_counter()
         run(name, budget)
         acc[name].append(time.perf_counter() - t)
   out = {}
-  for name in impls:
+  for name in runs:
     full_s, one_s = float(np.median(full[name])), float(np.median(one[name]))
     out[name] = {
       "total_s": full_s,
@@ -246,6 +257,11 @@ def main():
   p.add_argument("--skip-ar", action="store_true")
   p.add_argument("--baseline-model", default=None, help="a model.py to time interleaved with ours")
   p.add_argument("--quick", action="store_true", help="k=1,2,4,8, batch 1, float32, 5 rounds")
+  p.add_argument(
+    "--ar-dtype-race",
+    action="store_true",
+    help="also time AR in every --dtypes interleaved in one loop (which dtype is faster)",
+  )
   p.add_argument("--json", default=None, help="also write the raw results here")
   a = p.parse_args()
   if a.quick:
@@ -308,6 +324,25 @@ def main():
         )
       results["ar"][dtype] = {n: {**rn, "bound_s": bound} for n, rn in r.items()}
     del params
+  if a.ar_dtype_race:
+    runs = {}
+    for dtype in dtypes:
+      if a.model:
+        from specjax.loading import load_model
+
+        params, cfg, _ = load_model(a.model, dtype=dtype)
+      else:
+        cfg = dataclasses.replace(SMOLLM2_135M, dtype=dtype)
+        params = init_params(key, cfg)
+      runs[dtype] = (params, cfg, forward)
+    r = measure_ar_runs(runs, a.ar_tokens, 32, a.ar_rounds, key)
+    print(f"\nAR greedy batch 1, {a.ar_tokens} new tokens, dtypes interleaved in one loop:")
+    for name, rn in r.items():
+      print(
+        f"  {name}: decode step {rn['step_s'] * 1e3:.1f} ms = {1 / rn['step_s']:.1f} tok/s = "
+        f"{weight_bytes(runs[name][0]) / bw / rn['step_s'] * 100:.0f}% of its bandwidth bound"
+      )
+    results["ar_dtype_race"] = r
   print(f"\n# load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
   if a.json:
     with open(a.json, "w") as f:
