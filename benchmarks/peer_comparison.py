@@ -1,7 +1,7 @@
 """specjax vs Hugging Face transformers, same weights and prompts: AR, prompt lookup, a draft model.
 
 Target: SmolLM2-135M-Instruct (Q4_1, dequantized to float32); specjax loads it through the
-registry, transformers from the same GGUF file (loading shared with `ar_vs_transformers.py`).
+registry, transformers from the same GGUF file (loaded as in `ar_vs_transformers.py`).
 Methods, greedy, batch 1 (transformers' assisted generation takes one row):
 
   ar             specjax `generate`            | transformers `generate`
