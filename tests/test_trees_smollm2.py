@@ -42,7 +42,7 @@ def batch(smollm2):
   return P, L, gen, np.asarray(ar.tokens), lengths
 
 
-@pytest.mark.parametrize("kind", ["static", "dynamic"])
+@pytest.mark.parametrize("kind", ["static", "dynamic", "eagle1_dynamic"])
 def test_greedy_tree_identical_batch(batch, smollm2, kind):
   P, L, gen, ar_tokens, ar_lens = batch
   dparams, dcfg = first_layers(smollm2.params, smollm2.cfg, 4)
@@ -51,8 +51,15 @@ def test_greedy_tree_identical_batch(batch, smollm2, kind):
       [(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0)]
     )
     drafter = StaticTreeDrafter(dcfg, tree)
-  else:
+  elif kind == "dynamic":
     drafter = DynamicTreeDrafter(dcfg, top_k=3, depth=4, n_nodes=16)
+  else:  # EAGLE-2 trees from the shipped EAGLE-1 head
+    from specjax.drafters.shipped import load_shipped
+    from specjax.drafters.tree_eagle import EagleTreeDrafter
+
+    shipped = load_shipped("eagle1-smollm2-135m", smollm2.params, smollm2.cfg)
+    drafter = EagleTreeDrafter(shipped.head_cfg, top_k=4, depth=4, n_nodes=16)
+    dparams = shipped.params
   out = tree_speculative_generate(smollm2.params, smollm2.cfg, drafter, dparams, P, L, gen)
   np.testing.assert_array_equal(np.asarray(out.lengths), ar_lens)
   np.testing.assert_array_equal(np.asarray(out.tokens), ar_tokens)
