@@ -55,6 +55,7 @@ SPEC_BENCH_METHODS = [
   "medusa.py:tree",
   "eagle.py:eagle1",
   "eagle.py:eagle3",
+  "eagle.py:eagle2",
   "trees.py:dynamic",
 ]
 EAGLE3_TASKS = [
@@ -88,12 +89,12 @@ def method_specs(table: str) -> list[tuple[str, dict]]:
   shipped = list_shipped()
   if _METHODS.value:
     return [(s, {}) for s in _METHODS.value]
+  available = {
+    "eagle.py:eagle3": "eagle3-smollm2-135m" in shipped,
+    "eagle.py:eagle2": importlib.util.find_spec("specjax.drafters.tree_eagle") is not None,
+  }
   if table != "leviathan":
-    return [
-      (s, {})
-      for s in SPEC_BENCH_METHODS
-      if s != "eagle.py:eagle3" or "eagle3-smollm2-135m" in shipped
-    ]
+    return [(s, {}) for s in SPEC_BENCH_METHODS if available.get(s, True)]
   out = []
   for s in LEVIATHAN_METHODS:
     for k in map(int, _KS.value):

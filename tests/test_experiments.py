@@ -157,6 +157,8 @@ CONFIGS = [
   ("medusa.py", "tree,", "tree"),
   ("eagle.py", "eagle1,", "shipped"),
   ("eagle.py", "eagle3,", "shipped"),
+  ("eagle.py", "eagle2,", "tree"),
+  ("eagle.py", "eagle3_tree,", "tree"),
   ("trees.py", "static,", "tree"),
   ("trees.py", "dynamic,", "tree"),
   ("trees.py", "medusa,", "tree"),
@@ -174,8 +176,6 @@ def test_every_config_builds_settings(name, arg, method):
 
 
 def test_config_arguments_are_checked():
-  with pytest.raises(flags.IllegalFlagValueError, match="no tree drafter over an EAGLE head"):
-    parse_config(f"--config={REPO}/configs/eagle.py:eagle2,small")
   with pytest.raises(flags.IllegalFlagValueError, match="unknown config argument .bogus."):
     parse_config(f"--config={REPO}/configs/trees.py:bogus")
 

@@ -90,7 +90,7 @@ def method_label(settings: ExperimentSettings) -> str:
   if settings.method == "shipped":
     return f"{d.shipped.split('-smollm2')[0]}_k{d.k}"
   if settings.method == "tree":
-    if t.kind == "heads":
+    if t.kind in ("heads", "eagle"):
       return f"{d.shipped.split('-smollm2')[0]}_tree_n{t.n_nodes}"
     return f"{t.kind}_tree{layers}_n{t.n_nodes}"
   if settings.method == "smc":
@@ -134,8 +134,23 @@ def _draft_model(settings, target, load_model):
   return params, cfg
 
 
+def _eagle_tree_drafter(shipped, t):
+  """EAGLE-2's dynamic tree over a shipped EAGLE head (`specjax.drafters.tree_eagle`)."""
+  try:
+    from specjax.drafters.tree_eagle import EagleTreeDrafter
+  except ImportError as e:
+    raise ValueError(f"tree.kind=eagle needs specjax.drafters.tree_eagle ({e})") from e
+  if shipped.kind != "eagle":
+    raise ValueError(f"tree.kind=eagle needs an EAGLE head; {shipped.name} is {shipped.kind}")
+  fuse = tuple(shipped.metadata["config"].get("fuse_layers", ()))
+  return EagleTreeDrafter(shipped.head_cfg, t.top_k, t.depth, t.n_nodes, fuse)
+
+
 def _tree_method(settings, target, load_model, name: str) -> Method:
   t = settings.tree
+  if t.kind == "eagle":
+    shipped = load_shipped_drafter(settings.drafter.shipped, target)
+    return Method(name, _eagle_tree_drafter(shipped, t), shipped.params, None, "tree")
   if t.kind == "heads":
     shipped = load_shipped_drafter(settings.drafter.shipped, target)
     if shipped.kind != "medusa":

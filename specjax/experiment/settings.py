@@ -18,7 +18,7 @@ from specjax.sampling import SamplingConfig
 
 METHODS = ("ar", "prompt_lookup", "draft_model", "shipped", "tree", "smc")
 SUITES = ("auto", "spec_bench", "packaged")
-TREE_KINDS = ("static", "dynamic", "heads")
+TREE_KINDS = ("static", "dynamic", "heads", "eagle")
 RULE_NAMES = ("auto", "greedy", "speculative", "typical")
 
 
@@ -39,7 +39,9 @@ def base_config() -> ml_collections.ConfigDict:
     ""  # shipped: a drafter in specjax/drafters/shipped (e.g. "medusa4-smollm2-135m")
   )
   c.tree = ml_collections.ConfigDict()
-  c.tree.kind = "static"  # static / dynamic (EAGLE-2) over a draft model; heads: static over Medusa
+  # static / dynamic (EAGLE-2) over a draft model; heads: static over Medusa heads; eagle: EAGLE-2
+  # dynamic tree over a shipped EAGLE head (drafter.shipped)
+  c.tree.kind = "static"
   c.tree.n_nodes = 16  # N, nodes per tree including the root
   c.tree.depth = 4  # deepest node
   c.tree.top_k = 4  # dynamic: children per expanded node and frontier width
