@@ -1,4 +1,8 @@
-"""Drafters: pure-function proposal mechanisms that plug into the speculative decode loop."""
+"""Drafters: pure-function proposal mechanisms that plug into the speculative decode loop.
+
+Tree drafters live in `specjax.drafters.tree_draft_model`, `tree_heads` and `tree_eagle`; they are not
+re-exported here because they import the tree loop, which imports this package.
+"""
 
 from specjax.drafters.base import Drafter, Proposal, StepResult
 from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
@@ -10,8 +14,6 @@ from specjax.drafters.draft_model import (
 from specjax.drafters.eagle import EagleDrafter, EagleParams
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
-from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
-from specjax.drafters.tree_heads import HeadTreeDrafter
 
 __all__ = [
   "Drafter",
@@ -27,7 +29,4 @@ __all__ = [
   "MedusaParams",
   "EagleDrafter",
   "EagleParams",
-  "StaticTreeDrafter",
-  "DynamicTreeDrafter",
-  "HeadTreeDrafter",
 ]
