@@ -10,7 +10,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from specjax.config import ModelConfig
-from specjax.drafters.shipped import flatten_trainable, sha256_file
+from specjax.drafters.shipped import flatten_trainable
+from specjax.loading.registry import sha256_of
 
 
 def objective_config(objective) -> dict:
@@ -62,7 +63,7 @@ def export_drafter(
     "name": name,
     "kind": objective.name,
     "file": file,
-    "sha256": sha256_file(path),
+    "sha256": sha256_of(path),
     "size_bytes": os.path.getsize(path),
     "shapes": {k: list(v.shape) for k, v in tensors.items()},
     "dtype": "float16 weights (loaded as float32), int32 d2t",

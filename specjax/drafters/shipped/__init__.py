@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import hashlib
 import json
 import os
 from typing import Any
@@ -25,6 +24,7 @@ from specjax.config import ModelConfig
 from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
 from specjax.drafters.eagle import EagleDrafter, EagleParams
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams
+from specjax.loading.registry import sha256_of
 from specjax.model import LayerParams, Params
 
 SHIPPED_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -57,14 +57,6 @@ class ShippedDrafter:
 
 def list_shipped(directory: str = SHIPPED_DIR) -> list[str]:
   return sorted(os.path.basename(p)[: -len(".json")] for p in glob.glob(f"{directory}/*.json"))
-
-
-def sha256_file(path: str) -> str:
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def _layer(t: dict, prefix: str) -> LayerParams:
@@ -117,7 +109,7 @@ def load_shipped(
   with open(meta_path) as f:
     meta = json.load(f)
   path = os.path.join(directory, meta["file"])
-  digest = sha256_file(path)
+  digest = sha256_of(path)
   if digest != meta["sha256"]:
     raise ShippedDrafterError(f"{path}: sha256 {digest} != recorded {meta['sha256']}")
   tensors = load_file(path)
