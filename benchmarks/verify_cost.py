@@ -241,6 +241,17 @@ def _print_verify(t, ks):
     print(row)
 
 
+def _load(model: str | None, dtype: str, key):
+  """The named model's weights in `dtype`, or random SmolLM2-135M-shaped ones when model is None."""
+  if model:
+    from specjax.loading import load_model
+
+    params, cfg, _ = load_model(model, dtype=dtype)
+    return params, cfg
+  cfg = dataclasses.replace(SMOLLM2_135M, dtype=dtype)
+  return init_params(key, cfg), cfg
+
+
 def main():
   p = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -295,13 +306,7 @@ def main():
   results = {"read_bandwidth": rates, "kernels": kernels_on, "verify": {}, "ar": {}}
 
   for dtype in dtypes:
-    if a.model:
-      from specjax.loading import load_model
-
-      params, cfg, _ = load_model(a.model, dtype=dtype)
-    else:
-      cfg = dataclasses.replace(SMOLLM2_135M, dtype=dtype)
-      params = init_params(key, cfg)
+    params, cfg = _load(a.model, dtype, key)
     wb = weight_bytes(params)
     bound = wb / bw
     print(f"\n## {dtype}: {wb / 1e6:.0f} MB of weights; bandwidth bound {bound * 1e3:.1f} ms/pass")
@@ -327,13 +332,7 @@ def main():
   if a.ar_dtype_race:
     runs = {}
     for dtype in dtypes:
-      if a.model:
-        from specjax.loading import load_model
-
-        params, cfg, _ = load_model(a.model, dtype=dtype)
-      else:
-        cfg = dataclasses.replace(SMOLLM2_135M, dtype=dtype)
-        params = init_params(key, cfg)
+      params, cfg = _load(a.model, dtype, key)
       runs[dtype] = (params, cfg, forward)
     r = measure_ar_runs(runs, a.ar_tokens, 32, a.ar_rounds, key)
     print(f"\nAR greedy batch 1, {a.ar_tokens} new tokens, dtypes interleaved in one loop:")

@@ -226,6 +226,13 @@ def select_dynamic_tree(seq, seq_len, pool_tok, pool_score, pool_parent, top_k, 
   return tree, sel
 
 
+def check_dynamic_tree_size(top_k: int, depth: int, n_nodes: int) -> None:
+  """Raises ValueError unless an EAGLE-2 tree of `depth` levels, `top_k` wide, can hold n_nodes."""
+  pool = top_k + (depth - 1) * top_k**2
+  if not 1 < n_nodes <= pool + 1:
+    raise ValueError(f"n_nodes must be in 2 .. {pool + 1} for top_k={top_k}, depth={depth}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DynamicTreeDrafter:
   """A draft model drafting EAGLE-2 dynamic trees (deterministic children).
@@ -245,11 +252,7 @@ class DynamicTreeDrafter:
   draws = "deterministic"
 
   def __post_init__(self):
-    pool = self.top_k + (self.depth - 1) * self.top_k**2
-    if not 1 < self.n_nodes <= pool + 1:
-      raise ValueError(
-        f"n_nodes must be in 2 .. {pool + 1} for top_k={self.top_k}, depth={self.depth}"
-      )
+    check_dynamic_tree_size(self.top_k, self.depth, self.n_nodes)
     if self.top_k > self.cfg.vocab_size:
       raise ValueError("top_k exceeds the vocabulary")
 

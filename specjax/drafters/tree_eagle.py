@@ -40,7 +40,7 @@ from specjax.drafters.eagle import (
   head_logits,
   layer_inputs,
 )
-from specjax.drafters.tree_draft_model import select_dynamic_tree
+from specjax.drafters.tree_draft_model import check_dynamic_tree_size, select_dynamic_tree
 from specjax.kv_cache import KVCache, read_rows, write_rows
 from specjax.model import attention_mask
 from specjax.sampling import SamplingConfig
@@ -82,11 +82,7 @@ class EagleTreeDrafter:
   draws = "deterministic"
 
   def __post_init__(self):
-    pool = self.top_k + (self.depth - 1) * self.top_k**2
-    if not 1 < self.n_nodes <= pool + 1:
-      raise ValueError(
-        f"n_nodes must be in 2 .. {pool + 1} for top_k={self.top_k}, depth={self.depth}"
-      )
+    check_dynamic_tree_size(self.top_k, self.depth, self.n_nodes)
 
   @property
   def max_depth(self) -> int:
