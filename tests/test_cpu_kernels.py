@@ -197,3 +197,63 @@ def test_attention_gradient():
   want = jax.grad(loss(attention_mod.reference), argnums=(0, 1, 2))(q, k_all, v_all)
   for a, b in zip(got, want):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+# Row counts sampled from 1..64 (every tile remainder of the 4-row blocks, both sides of 16/32/64).
+_ROW_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 31, 32, 33, 63, 64)
+# (x dtype, weight dtype): float32 products, bf16 weights widened to float32, bf16 dot products.
+_LINEAR_DTYPES = [
+  (jnp.float32, jnp.float32),
+  (jnp.float32, jnp.bfloat16),
+  (jnp.bfloat16, jnp.bfloat16),
+]
+
+
+def _assert_rows_independent(f, x):
+  """f(x[:M])[r] == f(x[r:r + 1])[0] bitwise for every sampled M and every r < M."""
+  f = jax.jit(f)
+  alone = np.stack([np.asarray(f(x[r : r + 1]))[0] for r in range(x.shape[0])])
+  for m in _ROW_COUNTS:
+    got = np.asarray(f(x[:m]))
+    bad = [r for r in range(m) if not np.array_equal(got[r], alone[r])]
+    assert not bad, f"M={m}: rows {bad} differ from the same rows computed alone"
+
+
+@pytest.mark.parametrize("x_dtype,w_dtype", _LINEAR_DTYPES)
+def test_projection_rows_independent_of_row_count(x_dtype, w_dtype):
+  """A verify pass over k tokens gives each token what a pass over that token alone gives."""
+  assert kernels.kernel_enabled(max(_ROW_COUNTS))
+  K = 296  # not a multiple of 16 or 32: the scalar tails run too
+  ks = jax.random.split(jax.random.PRNGKey(21), 5)
+  x = jax.random.normal(ks[0], (max(_ROW_COUNTS), K)).astype(x_dtype)
+  wa, wb, wc = (
+    jax.random.normal(k, (2, n, K)).astype(w_dtype) for k, n in zip(ks[1:], (70, 9, 70))
+  )
+  i = jnp.int32(1)
+  _assert_rows_independent(lambda x: kernels.linear(x, wa, i), x)
+  _assert_rows_independent(lambda x: jnp.concatenate(kernels.linear_multi(x, (wa, wb), i), -1), x)
+  _assert_rows_independent(lambda x: kernels.swiglu(x, wa, wc, i), x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_attention_rows_independent_of_token_count(dtype):
+  """Query t of a T-token call equals the same query alone (its mask row, T = 1), bitwise."""
+  T, ctx, S, H, Hkv, Dh = max(_ROW_COUNTS), 37, 112, 9, 3, 32
+  kq, kk, kv, km = jax.random.split(jax.random.PRNGKey(22), 4)
+  q = jax.random.normal(kq, (1, T, H, Dh)).astype(dtype)
+  k_all = jax.random.normal(kk, (2, 1, S, Hkv, Dh)).astype(dtype)
+  v_all = jax.random.normal(kv, (2, 1, S, Hkv, Dh)).astype(dtype)
+  # Causal over the new tokens, with random holes (a token tree's ancestor mask): every query's
+  # last visible slot differs from its neighbours' in the same 4-query block.
+  slot, t = jnp.arange(S)[None, None, :], jnp.arange(T)[None, :, None]
+  mask = (slot < ctx + t + 1) & jax.random.bernoulli(km, 0.7, (1, T, S))
+  mask = mask.at[:, :, 0].set(True)
+  f = jax.jit(lambda q, m: kernels.attention(q, k_all, v_all, jnp.int32(1), m))
+  assert "specjax_cpu_attention" in f.lower(q, mask).compile().as_text()
+  alone = np.stack(
+    [np.asarray(f(q[:, r : r + 1], mask[:, r : r + 1]), np.float32) for r in range(T)]
+  )
+  for m in _ROW_COUNTS:
+    got = np.asarray(f(q[:, :m], mask[:, :m]), np.float32)[0]
+    bad = [r for r in range(m) if not np.array_equal(got[r], alone[r, 0, 0])]
+    assert not bad, f"T={m}: queries {bad} differ from the same queries computed alone"

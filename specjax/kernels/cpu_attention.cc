@@ -7,7 +7,9 @@
 // read in place: XLA would copy and transpose the layer's cache before its batched dots); layer is
 // an int32 scalar; mask is bool [B, T, S]; out is float32 [B, T, H, Dh]; G = H / Hkv. Slots after
 // the last allowed one of a block of queries are skipped. A query that may see no slot gets zeros.
-// Scores and probabilities stay in float32.
+// Scores and probabilities stay in float32. Every query's result is bitwise the same whatever the
+// number of queries in the call (tests/test_cpu_kernels.py checks T = 1..64), so a verify pass
+// over k tokens gives each token exactly what a decode step would.
 
 #include <algorithm>
 #include <cmath>
@@ -126,15 +128,16 @@ void Block(const Shape& sh, const float* q, const C* k, const C* v, const bool* 
   const float* qp[kRows];
   float* op[kRows];
   const bool* allowed[kRows];
+  int64_t last[kRows];
   int64_t n_slots = 0;
   for (int i = 0; i < mb; ++i) {
     const int64_t t = (m0 + i) / sh.G, h = kv * sh.G + (m0 + i) % sh.G;
     qp[i] = q + ((b * sh.T + t) * sh.H + h) * sh.Dh;
     op[i] = out + ((b * sh.T + t) * sh.H + h) * sh.Dh;
     allowed[i] = mask + (b * sh.T + t) * sh.S;
-    int64_t last = sh.S;
-    while (last > 0 && !allowed[i][last - 1]) --last;
-    n_slots = std::max(n_slots, last);
+    last[i] = sh.S;
+    while (last[i] > 0 && !allowed[i][last[i] - 1]) --last[i];
+    n_slots = std::max(n_slots, last[i]);
   }
   const int64_t stride = sh.Hkv * sh.Dh;
   const C* kb = k + (b * sh.S * sh.Hkv + kv) * sh.Dh;
@@ -147,7 +150,13 @@ void Block(const Shape& sh, const float* q, const C* k, const C* v, const bool* 
     case 2: Scores<C, 2>(qp, kb, stride, sh.Dh, n_slots, scale, sc, sh.S); break;
     default: Scores<C, 1>(qp, kb, stride, sh.Dh, n_slots, scale, sc, sh.S); break;
   }
-  for (int i = 0; i < mb; ++i) Softmax(sc + i * sh.S, allowed[i], n_slots);
+  // Each query's softmax runs over its own visible prefix, never the block's: its sums then take
+  // the same order whichever queries share its block, so a query's output does not depend on how
+  // many tokens the call holds. The block's later slots get probability 0 (exact zeros in Mix).
+  for (int i = 0; i < mb; ++i) {
+    Softmax(sc + i * sh.S, allowed[i], last[i]);
+    std::fill(sc + i * sh.S + last[i], sc + i * sh.S + n_slots, 0.f);
+  }
   switch (mb) {
     case 4: Mix<C, 4>(sc, sh.S, vb, stride, sh.Dh, n_slots, op); break;
     case 3: Mix<C, 3>(sc, sh.S, vb, stride, sh.Dh, n_slots, op); break;
