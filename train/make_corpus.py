@@ -86,7 +86,9 @@ def main(argv):
     params, cfg, plist, tok.stop_ids, engine, out, manifest, _MAX_TOKENS.value
   )
   rate = stats["generated"] / max(stats["seconds"], 1e-9)
-  print(f"corpus: this run {stats['documents']} documents, {stats['generated']} tokens, {rate:.0f}/s")
+  print(
+    f"corpus: this run {stats['documents']} documents, {stats['generated']} tokens, {rate:.0f}/s"
+  )
 
 
 if __name__ == "__main__":
