@@ -1,4 +1,9 @@
-"""The CPU linear kernel against plain einsum: shapes, dtypes, stacked weights, gradients, vmap."""
+"""The CPU kernels against plain JAX (shapes, dtypes, stacked weights, gradients, vmap), row by row
+against themselves at every row count, and the AMX probe."""
+
+import ctypes
+import errno
+import os
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +13,7 @@ import pytest
 import specjax.kernels.cache_attention as attention_mod
 import specjax.kernels.projection as linear_mod
 from specjax import kernels
+from specjax.kernels import amx, build
 
 
 def _xla(x, w, layer):
@@ -257,3 +263,58 @@ def test_attention_rows_independent_of_token_count(dtype):
     got = np.asarray(f(q[:, :m], mask[:, :m]), np.float32)[0]
     bad = [r for r in range(m) if not np.array_equal(got[r], alone[r, 0, 0])]
     assert not bad, f"T={m}: queries {bad} differ from the same queries computed alone"
+
+
+def _proc_cpu_flags() -> set[str]:
+  return set(build._cpu_flags().partition(":")[2].split())
+
+
+def test_amx_available_reports_bool_and_reason():
+  ok, reason = kernels.amx_available()
+  assert isinstance(ok, bool) and isinstance(reason, str) and reason
+  if "amx_tile" not in _proc_cpu_flags():
+    assert not ok and "no AMX" in reason
+
+
+def test_cpuid_leaf7_agrees_with_proc_cpuinfo():
+  regs = amx.cpuid7(build.library())
+  assert regs is not None
+  _, ebx, ecx, edx = regs
+  bits = {
+    "avx512f": ebx >> 16 & 1,
+    "avx512bw": ebx >> 30 & 1,
+    "avx512_vnni": ecx >> 11 & 1,
+    "amx_bf16": edx >> amx.AMX_BF16_BIT & 1,
+    "amx_tile": edx >> amx.AMX_TILE_BIT & 1,
+    "amx_int8": edx >> amx.AMX_INT8_BIT & 1,
+  }
+  flags = _proc_cpu_flags()
+  for name, bit in bits.items():  # the OS may hide a feature the CPU has, never the reverse
+    assert bit or name not in flags, name
+  for name in ("avx512f", "avx512bw"):
+    assert bool(bits[name]) == (name in flags), name
+
+
+def test_tile_permission_refused_without_amx():
+  if "amx_tile" in _proc_cpu_flags():
+    pytest.skip("this CPU has AMX")
+  lib = build.library()
+  lib.SpecjaxRequestTileData.restype = ctypes.c_long
+  assert lib.SpecjaxRequestTileData() != 0
+
+
+def test_amx_decision_order():
+  def refuse():
+    raise AssertionError("permission requested although CPU or OS lacks AMX")
+
+  tile, bf16, int8 = (1 << b for b in (amx.AMX_TILE_BIT, amx.AMX_BF16_BIT, amx.AMX_INT8_BIT))
+  state = (1 << amx.XTILECFG_BIT) | (1 << amx.XTILEDATA_BIT)
+  assert amx.decide(None, state, refuse) == (False, "CPU has no AMX (no amx_tile in cpuid leaf 7)")
+  assert not amx.decide(bf16 | int8, state, refuse)[0]
+  assert "no AMX-BF16" in amx.decide(tile | int8, state, refuse)[1]
+  assert "XCR0" in amx.decide(tile | bf16, None, refuse)[1]
+  assert "XCR0" in amx.decide(tile | bf16, 1 << amx.XTILECFG_BIT, refuse)[1]
+  ok, reason = amx.decide(tile | bf16, state, lambda: errno.EINVAL)
+  assert not ok and os.strerror(errno.EINVAL) in reason
+  ok, reason = amx.decide(tile | bf16 | int8, state, lambda: 0)
+  assert ok and "AMX-INT8" in reason

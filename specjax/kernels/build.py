@@ -27,7 +27,7 @@ import tempfile
 import jax
 import jaxlib
 
-_SOURCES = ("cpu_linear.cc", "cpu_cache.cc", "cpu_attention.cc")
+_SOURCES = ("cpu_linear.cc", "cpu_cache.cc", "cpu_attention.cc", "cpu_amx.cc")
 _HEADERS = ("cpu_common.h",)
 _FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-w")
 # FFI target name -> exported handler symbol.
@@ -38,6 +38,7 @@ TARGETS = {
 }
 
 _reason: list[str] = []
+_library: list[ctypes.CDLL] = []
 
 
 def _cpu_flags() -> str:
@@ -98,10 +99,16 @@ def load() -> bool:
     for target, symbol in TARGETS.items():
       capsule = jax.ffi.pycapsule(getattr(lib, symbol))
       jax.ffi.register_ffi_target(target, capsule, platform="cpu")
+    _library.append(lib)
   except Exception as e:  # noqa: BLE001  (any failure means: use the plain-JAX path)
     _reason.append(f"{type(e).__name__}: {e}")
     return False
   return True
+
+
+def library() -> ctypes.CDLL | None:
+  """The loaded kernel library (for its plain C helpers, e.g. the AMX probe), or None."""
+  return _library[0] if load() else None
 
 
 def unavailable_reason() -> str | None:

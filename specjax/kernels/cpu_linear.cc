@@ -4,7 +4,8 @@
 //   y[m, :] = silu(x[m, :] @ w_0[layer].T) * (x[m, :] @ w_1[layer].T)   (epilogue 1: SwiGLU)
 //
 // x is float32 [..., K], or bfloat16 when every w_i is (products then use the CPU's bf16 dot
-// instruction, accumulating in float32, where it has one); each w_i is float32 or bfloat16,
+// instruction `vdpbf16ps` (AVX512-BF16), accumulating in float32, where it has one; there is no
+// AMX tile path, see amx.py); each w_i is float32 or bfloat16,
 // [N_i, K] or stacked [L, N_i, K] with `layer` picking one (read in place: no slice is
 // materialised); y is float32 [..., N]. Each
 // weight row is read from memory once per call and multiplied against every row of x while it
