@@ -21,7 +21,6 @@ from absl import app, flags  # noqa: E402
 
 from specjax.loading import registry  # noqa: E402
 from train import corpus, prompts  # noqa: E402
-from train.make_corpus import RECIPE  # noqa: E402
 
 _BATCHES = flags.DEFINE_list("batches", ["8", "32", "64", "128"], "Decode slots B.")
 _SECONDS = flags.DEFINE_float("seconds", 90.0, "Timed window per batch size.")
@@ -59,7 +58,7 @@ def measure(params, cfg, plist, stops, engine, seconds, offset):
 def main(argv):
   del argv
   params, cfg, tok = registry.load_model("smollm2-135m-instruct", dtype=_DTYPE.value)
-  recipe = prompts.PromptRecipe(n_heldout=0, **RECIPE)
+  recipe = prompts.PromptRecipe(n_heldout=0, **corpus.RECIPE)
   plist = prompts.build_prompts(recipe, tok)
   print(f"{len(plist)} prompts; dtype {_DTYPE.value}; {os.cpu_count()} CPUs")
   print("| B | response tok/s | load avg start / end |\n|---:|---:|---|")

@@ -41,6 +41,11 @@ from train.prompts import TrainPrompt
 
 CORPUS_VERSION = 1
 
+# The prompt recipe (`train.prompts.PromptRecipe` fields): every ShareGPT first turn and GSM8K
+# train question that passes the filters, evaluation prompts excluded, shuffled together; the list
+# front is answered first, so any prefix of the corpus is a fair sample of the whole.
+RECIPE = dict(n_sharegpt=100_000, n_gsm8k=100_000, min_tokens=16, max_tokens=384, seed=1)
+
 
 @dataclasses.dataclass(frozen=True)
 class EngineSettings:

@@ -30,10 +30,6 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "Response budget per prom
 _HELDOUT = flags.DEFINE_integer("n_heldout", 200, "Prompts (list front) held out for evaluation.")
 _PACK = flags.DEFINE_string("pack", "", "Write the stored documents to this .npz and stop.")
 
-# Every ShareGPT first turn and GSM8K train question that passes the filters, evaluation prompts
-# excluded; the list front is answered first, so any prefix of the corpus is a fair sample.
-RECIPE = dict(n_sharegpt=100_000, n_gsm8k=100_000, min_tokens=16, max_tokens=384, seed=1)
-
 
 def prompt_list(out_dir: str, recipe: prompts.PromptRecipe, tokenizer) -> list[prompts.TrainPrompt]:
   """The recipe's prompts, built once and kept in out_dir/prompts.json (checked on reuse)."""
@@ -60,7 +56,7 @@ def main(argv):
     raise app.UsageError("--out is required")
   out = os.path.expanduser(_OUT.value)
   params, cfg, tok = registry.load_model(_TARGET.value, dtype=_DTYPE.value)
-  recipe = prompts.PromptRecipe(n_heldout=_HELDOUT.value, **RECIPE)
+  recipe = prompts.PromptRecipe(n_heldout=_HELDOUT.value, **corpus.RECIPE)
   plist = prompt_list(out, recipe, tok)
   print(f"corpus: {len(plist)} prompts ({sum(p.source == 'gsm8k_train' for p in plist)} GSM8K)")
   if _PACK.value:
