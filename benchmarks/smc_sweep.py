@@ -9,8 +9,9 @@ tokens/s, speedup over AR sampling and over chain SD (mean of per-prompt ratios)
 target's mean per-token log-likelihood (T = 1) of the text produced (+- its standard error over
 prompts), next to the same for AR samples (exact target samples) and chain SD (also exact), and the
 number of resamplings and mean ESS / N. Task accuracy: GSM8K exact final number; HumanEval pass@1
-with the generated code run only in a sandboxed subprocess (`specjax.experiment.sandbox`) with a
-timeout. `--acc_n` adds a batched AR-sampling accuracy baseline with its binomial standard error, so
+with the generated code run only in the bubblewrap sandbox (`specjax.experiment.sandbox`: passes
+only if `check` returned; checked at start, refuses without `bwrap` unless SPECJAX_UNSAFE_EXEC=1).
+`--acc_n` adds a batched AR-sampling accuracy baseline with its binomial standard error, so
 a reader can tell whether the target is above noise on a task.
 
   python benchmarks/smc_sweep.py --per_category=1 --n_gsm8k=2 --n_humaneval=2 --max_new_tokens=48 \
@@ -160,6 +161,8 @@ def ar_accuracy(target, n: int, max_new: int, key) -> None:
 
 def main(argv):
   del argv
+  if _ACC_N.value > 0 or (_N_HUMANEVAL.value > 0 and not _ACC_ONLY.value):
+    sandbox.ensure_runnable()  # before any generation, not at the first HumanEval score
   target = load_target(_MODEL.value)
   if _ACC_ONLY.value:
     ar_accuracy(target, _ACC_N.value, _ACC_MAX_NEW.value, jax.random.PRNGKey(_SEED.value))

@@ -195,7 +195,7 @@ def test_fork_bomb_is_contained():
 @pytest.mark.parametrize(
   "blowup, memory_bytes",
   [
-    ("x = bytearray(8 << 30)\n", sandbox.Limits().memory_bytes),  # 8 GB against the 1 GiB default
+    ("x = bytearray(8 << 30)\n", sandbox.Limits().memory_bytes),  # 8 GB against the default cap
     # Touching memory is slow on a loaded CPU: a 256 MiB cap keeps the gradual case fast.
     ("chunks = []\nwhile True:\n  chunks.append(b'x' * (64 << 20))\n", 256 << 20),
   ],
@@ -220,6 +220,9 @@ def test_root_harness_runs_code_as_nobody_without_capabilities():
 
 
 def test_refuses_without_bubblewrap(no_bwrap):
+  with pytest.raises(sandbox.SandboxUnavailableError, match="not installed"):
+    sandbox.ensure_runnable()
+  assert sandbox.ensure_runnable(unsafe=True) is False
   with pytest.raises(sandbox.SandboxUnavailableError, match="apt-get install bubblewrap") as e:
     sandbox.run_python("print(1)", timeout=3)
   assert "SPECJAX_UNSAFE_EXEC=1" in str(e.value)

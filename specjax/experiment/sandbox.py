@@ -97,6 +97,9 @@ class SandboxUnavailableError(RuntimeError):
 class Limits:
   """Resource limits for one run (hard rlimits inside the sandbox, plus its tmpfs size).
 
+  rlimits bind each process, so the run's total memory is bounded only by `processes *
+  memory_bytes + tmp_bytes` (8.06 GiB with the defaults); no cgroup is used.
+
   Attributes:
     memory_bytes: address space (RLIMIT_AS) of each process.
     file_bytes: largest file a process may write (RLIMIT_FSIZE), also caps its output.
@@ -104,9 +107,9 @@ class Limits:
     tmp_bytes: size of the private writable /tmp (bubblewrap only).
   """
 
-  memory_bytes: int = 1 << 30
+  memory_bytes: int = 512 << 20
   file_bytes: int = 16 << 20
-  processes: int = 32
+  processes: int = 16
   tmp_bytes: int = 64 << 20
 
   def __post_init__(self):
@@ -157,18 +160,12 @@ def run(
   """
   if not (isinstance(timeout, int | float) and math.isfinite(timeout) and timeout > 0):
     raise ValueError(f"sandbox timeout must be a positive number of seconds, got {timeout!r}")
-  problem = isolation_problem()
-  if problem is None:
+  if ensure_runnable(unsafe):
     return _run_isolated(code, timeout, limits)
-  if not _unsafe_allowed(unsafe):
-    raise SandboxUnavailableError(
-      f"refusing to run generated code without isolation: {problem}. Either {INSTALL_HINT}, or "
-      f"accept unisolated execution (the code can read and write your files and use the network) "
-      f"with {UNSAFE_ENV}=1 or unsafe=True."
-    )
   warnings.warn(
-    f"running generated code WITHOUT isolation ({problem}); {UNSAFE_ENV}=1 / unsafe=True was set. "
-    "Only time, memory, CPU and file-size limits apply; process limits do not apply to root.",
+    f"running generated code WITHOUT isolation ({isolation_problem()}); {UNSAFE_ENV}=1 / "
+    "unsafe=True was set. Only the time, memory, CPU, file-size and process limits apply (the "
+    "process limit does not bind root).",
     RuntimeWarning,
     stacklevel=2,
   )
@@ -192,6 +189,26 @@ def humaneval_passes(
 ) -> bool:
   """True if `check(entry_point)` returns normally after the completion and its test code ran."""
   return run(humaneval_program(code, test, entry_point), timeout, unsafe=unsafe).passed
+
+
+def ensure_runnable(unsafe: bool | None = None) -> bool:
+  """Checks that code can be run: True if isolated, False if only because unsafe was opted in to.
+
+  Callers that will run generated code late (after hours of generation) call this first.
+
+  Raises:
+    SandboxUnavailableError: no working bubblewrap and no opt-in (`unsafe`, `SPECJAX_UNSAFE_EXEC`).
+  """
+  problem = isolation_problem()
+  if problem is None:
+    return True
+  if not _unsafe_allowed(unsafe):
+    raise SandboxUnavailableError(
+      f"refusing to run generated code without isolation: {problem}. Either {INSTALL_HINT}, or "
+      f"accept unisolated execution (the code can read and write your files and use the network) "
+      f"with {UNSAFE_ENV}=1 or unsafe=True."
+    )
+  return False
 
 
 def isolation_problem() -> str | None:
