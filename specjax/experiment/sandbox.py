@@ -404,7 +404,7 @@ def _execute(argv_for, timeout: float, *, keep_fds, cwd, isolated: bool) -> Outc
         pidfd = _open_sandbox_init(info_r, deadline=start + timeout)
       timed_out = _wait_and_kill_group(proc, max(0.0, start + timeout - time.monotonic()))
       if pidfd is not None:  # pid 1 exits only once every process of its namespace is gone
-        select.select([pidfd], [], [], 5.0)
+        _wait_readable(pidfd, 5.0)
       seconds = time.monotonic() - start
       token = _read_available(result_r)
       log.seek(0)
@@ -421,7 +421,7 @@ def _open_sandbox_init(info_r: int, deadline: float) -> int | None:
   """A pidfd on the sandbox's pid 1, from bwrap's `--info-fd` JSON; None if it never started."""
   data = b""
   while time.monotonic() < deadline:
-    ready, _, _ = select.select([info_r], [], [], max(0.0, deadline - time.monotonic()))
+    ready = _wait_readable(info_r, max(0.0, deadline - time.monotonic()))
     chunk = os.read(info_r, 4096) if ready else b""
     if not chunk:
       break
@@ -432,6 +432,13 @@ def _open_sandbox_init(info_r: int, deadline: float) -> int | None:
     return os.pidfd_open(int(json.loads(data.decode())["child-pid"]))
   except (ValueError, KeyError, TypeError, OSError, AttributeError):
     return None
+
+
+def _wait_readable(fd: int, seconds: float) -> bool:
+  """poll(2), not select(2): a process with many open files may hand out fds above 1023."""
+  poller = select.poll()
+  poller.register(fd, select.POLLIN)
+  return bool(poller.poll(int(seconds * 1000)))
 
 
 def _wait_and_kill_group(proc: subprocess.Popen, timeout: float) -> bool:
