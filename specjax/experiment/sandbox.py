@@ -29,7 +29,10 @@ Threat model, honestly: isolation protects the host from careless or hostile cod
 enforces it). The verdict protects against code that ends early or prints a fake result, which is
 what model-generated code does; it does not stop a program written to fake a pass from inside the
 same interpreter (for example one that reads the token from the runner's frame, or installs a trace
-function that skips `check`'s assertions). Such a program can only fake its own score.
+function that skips `check`'s assertions). Such a program can only fake its own score. A program
+that forks and finishes in both processes writes the token twice and fails. When the harness is
+root, the process limit counts every uid-65534 process of the host, so sandboxes run in parallel
+share it.
 """
 
 from __future__ import annotations
