@@ -72,6 +72,16 @@ def test_resume_after_interruption_has_no_loss_or_duplicate(toy, tmp_path):
   for i, s, n in zip(range(9), starts, z["doc_lens"]):
     assert z["tokens"][s : s + n].tolist() == _reference(params, cfg, plist[i])
   assert meta["documents"] == 9 and len(meta["prompt_sha256"]) == 9
+  docs = corpus.load_documents(str(tmp_path / "c.npz"))
+  assert [d.prompt_index for d in docs] == list(range(9)) and docs[1].heldout
+  assert list(docs[4].tokens) == _reference(params, cfg, plist[4])
+  with open(tmp_path / "c.npz", "r+b") as f:  # one flipped byte
+    f.seek(100)
+    b = f.read(1)
+    f.seek(100)
+    f.write(bytes([b[0] ^ 1]))
+  with pytest.raises(ValueError, match="sha256"):
+    corpus.load_documents(str(tmp_path / "c.npz"))
   assert not glob.glob(os.path.join(out, "*.part*"))
 
 

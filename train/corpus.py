@@ -397,3 +397,35 @@ def pack_corpus(out_dir: str, path: str, prompts: Sequence[TrainPrompt], n_heldo
   with open(path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json", "w") as f:
     json.dump(meta, f, indent=0)
   return meta
+
+
+def load_documents(path: str) -> list:
+  """The documents of a packed corpus file, checked against the sha256 in its `.json`.
+
+  Returns `train.teacher_forced.Document`s in prompt order (read them through the target once,
+  `train.teacher_forced.build`, to get any layer's features).
+
+  Raises:
+    ValueError: the file does not match its recorded sha256 (corrupt or replaced).
+  """
+  from train.teacher_forced import Document
+
+  meta_path = path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json"
+  with open(meta_path) as f:
+    meta = json.load(f)
+  with open(path, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()
+  if digest != meta["sha256"]:
+    raise ValueError(
+      f"{path}: sha256 {digest} differs from {meta['sha256']} recorded in {meta_path}; the file "
+      "is corrupt or was replaced: restore it (git checkout) or pack the corpus again"
+    )
+  with np.load(path) as z:
+    starts = np.concatenate([[0], np.cumsum(z["doc_lens"])[:-1]])
+    tokens = z["tokens"].astype(np.int32)
+    return [
+      Document(tuple(int(t) for t in tokens[s : s + n]), int(p), int(i), bool(h))
+      for s, n, p, i, h in zip(
+        starts, z["doc_lens"], z["prompt_lens"], z["prompt_index"], z["heldout"]
+      )
+    ]
