@@ -309,30 +309,30 @@ def build_corpus(
   queue = [i for i in range(len(prompts)) if i not in have]
   log(f"corpus: {len(have)} documents, {stored} response tokens stored; {len(queue)} prompts left")
   buf: list[Document] = []
-  t0, new_tokens, new_docs, last_log = time.time(), 0, 0, 0.0
+  counts = dict(docs=0, tokens=0, last_log=0.0)
 
   def on_document(d: Document):
-    nonlocal new_tokens, new_docs, last_log
     buf.append(d)
-    new_tokens += len(d.tokens) - d.prompt_len
-    new_docs += 1
+    counts["docs"] += 1
+    counts["tokens"] += len(d.tokens) - d.prompt_len
     if len(buf) >= shard_docs:
       _write_shard(out_dir, buf)
       buf.clear()
-    now = time.time()
-    if now - last_log > 30:
-      last_log = now
-      rate = new_tokens / (now - t0)
-      total = stored + new_tokens
-      eta = max(max_tokens - total, 0) / max(rate, 1e-9) / 60
-      log(
-        f"corpus: {len(have) + new_docs} documents, {total} "
-        f"response tokens ({rate:.0f} tok/s, load {os.getloadavg()[0]:.1f}), ETA {eta:.0f} min"
-      )
+
+  def progress(tokens: int, seconds: float):  # tokens: this run's, in-flight documents included
+    if seconds - counts["last_log"] < 30:
+      return
+    counts["last_log"] = seconds
+    rate = tokens / max(seconds, 1e-9)
+    eta = max(max_tokens - stored - tokens, 0) / max(rate, 1e-9) / 60
+    log(
+      f"corpus: {len(have) + counts['docs']} documents stored, {stored + tokens} response tokens "
+      f"({rate:.0f} tok/s, load {os.getloadavg()[0]:.1f}), ETA {eta:.0f} min"
+    )
 
   stats = generate_documents(
     params, cfg, [p.tokens for p in prompts], queue, engine, stop_tokens, on_document,
-    should_stop=lambda: stored + new_tokens >= max_tokens,
+    should_stop=lambda: stored + counts["tokens"] >= max_tokens, progress=progress,
   )  # fmt: skip
   if buf:
     _write_shard(out_dir, buf)
