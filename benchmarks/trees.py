@@ -37,7 +37,7 @@ from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDraf
 from specjax.drafters.tree_eagle import EagleTreeDrafter
 from specjax.drafters.tree_heads import HeadTreeDrafter, medusa_logits_source
 from specjax.experiment.methods import load_target, truncate_layers
-from specjax.experiment.runner import bucket_width
+from specjax.experiment.runner import prompt_width
 from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES, find_spec_bench, load_spec_bench
 from specjax.generate import GenerateConfig, generate, pad_prompts
 from specjax.metrics import summarize
@@ -129,7 +129,8 @@ def main(argv):
       print(f"skip {p.category}/{p.prompt_id}: {len(ids)} prompt tokens")
       continue
     n_prompts += 1
-    width = bucket_width(len(ids), 64)
+    # Padded like the harness, leaving room in the context for trees of up to 32 nodes.
+    width = prompt_width(len(ids), 64, target.cfg.max_position - gen.max_new_tokens - 32)
     P, L = pad_prompts([ids], bucket=width)
     line, ar_tokens = [f"{p.category}/{p.prompt_id} ({len(ids)} tok)"], None
     for name, kind, drafter, draft_params in runs:

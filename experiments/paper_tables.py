@@ -31,7 +31,13 @@ from specjax.experiment.methods import build_method, load_target
 from specjax.experiment.packaged import load_default_suite
 from specjax.experiment.runner import Runner, run_suite
 from specjax.experiment.settings import settings_from_config
-from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES, find_spec_bench, load_spec_bench
+from specjax.experiment.tasks import (
+  DEFAULT_SOURCE,
+  SPEC_BENCH_CATEGORIES,
+  find_spec_bench,
+  load_spec_bench,
+  spec_bench_source,
+)
 
 _TABLE = flags.DEFINE_enum("table", None, ["spec_bench", "eagle3", "leviathan"], "Which table.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for records, table and plots.")
@@ -114,12 +120,13 @@ def load_table_prompts(table: str, per_category: int):
   prompts = load_default_suite([c for c in cats if c != "summarization"], per_category)
   source = "PyPI data packages"
   if "summarization" in cats:
-    try:
+    path, how = spec_bench_source(_SPEC_BENCH.value)
+    if how == DEFAULT_SOURCE and not os.path.isfile(path):  # a path that was given must exist
+      print(f"no summarization column: no Spec-Bench file given and none at {path}", flush=True)
+    else:
       path = find_spec_bench(_SPEC_BENCH.value)
       prompts += load_spec_bench(path, ("summarization",), per_category)
       source += f" + {path}"
-    except FileNotFoundError as e:
-      print(f"no summarization column: {e}", flush=True)
   return prompts, source
 
 
@@ -131,13 +138,13 @@ def main(argv):
   max_new = _MAX_NEW.value or (32 if _SMALL.value else 128)
   common = {"model": _MODEL.value, "max_new_tokens": max_new, "data.per_category": per_category}
   specs = method_specs(table)
-  settings = [settings_from_config(load_config(s, {**common, **o})) for s, o in specs]
-  prompts, source = load_table_prompts(table, per_category)
-  t0 = time.perf_counter()
-  target = load_target(_MODEL.value)
   try:
+    settings = [settings_from_config(load_config(s, {**common, **o})) for s, o in specs]
+    prompts, source = load_table_prompts(table, per_category)
+    t0 = time.perf_counter()
+    target = load_target(_MODEL.value)
     methods = [build_method(s, target) for s in settings]
-  except ValueError as e:
+  except (ValueError, OSError) as e:
     sys.exit(f"FATAL: {e}")
   print(f"loaded {_MODEL.value} and {len(methods)} methods in {time.perf_counter() - t0:.1f} s")
   log = lambda s: print(s, flush=True)
@@ -171,7 +178,7 @@ def main(argv):
   print("\n" + text)
   with open(os.path.join(workdir, "table.md"), "w") as f:
     f.write(text)
-  written = plots.write_plots(records, workdir)
+  written = plots.write_plots(records, workdir, f"{target.name} on {source}, {max_new} new tokens")
   print(f"wrote {workdir}/table.md, records.jsonl" + "".join(f", {p}" for p in written))
 
 

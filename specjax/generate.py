@@ -54,7 +54,12 @@ class GenerateOutput:
 
 
 def pad_prompts(prompts: list[list[int]], bucket: int = 64, pad_id: int = 0):
-  """Right-pads token lists to a multiple of `bucket`: (tokens [B, Tp] int32, lengths [B] int32)."""
+  """Right-pads token lists to a multiple of `bucket`: (tokens [B, Tp] int32, lengths [B] int32).
+
+  Tp is the longest prompt rounded up to a multiple of `bucket`, so any `bucket` >= the longest
+  prompt pads to exactly `bucket`. (The experiment runner picks that width itself: a power of two,
+  capped to fit the context, see `specjax.experiment.runner.prompt_width`.)
+  """
   if not prompts or any(len(p) == 0 for p in prompts):
     raise ValueError("every prompt needs at least one token")
   longest = max(len(p) for p in prompts)

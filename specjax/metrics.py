@@ -3,7 +3,11 @@
 Definitions (Spec-Bench / vLLM conventions):
   target_passes   verify forward passes of the target after prefill.
   drafted         draft tokens proposed (vLLM `num_draft_tokens`).
-  accepted        draft tokens accepted by the rule (vLLM `num_accepted_tokens`).
+  accepted        draft tokens accepted by the rule *and committed* (vLLM `num_accepted_tokens`):
+                  a draft the rule accepted but a stop token or the length budget then cut off is
+                  not counted, so accepted <= emitted and emitted - accepted is the number of
+                  passes that also committed a correction or bonus token (every pass but a cut
+                  last one).
   emitted         tokens appended by the decode loop, i.e. accepted drafts plus one correction or
                   bonus token per pass, after stop/budget truncation. The prefill's first token is
                   not counted (it costs no verify pass).
@@ -12,8 +16,10 @@ Definitions (Spec-Bench / vLLM conventions):
   acceptance rate accepted / drafted (vLLM's draft acceptance rate).
   accepted_at[i]  passes in which draft position i (0-based) was accepted; accepted_at / target_passes
                   is vLLM's per-position acceptance rate.
-  reached_at[i]   passes in which position i was proposed and every earlier position accepted;
-                  accepted_at / reached_at is the conditional rate alpha_i that EAGLE reports.
+  reached_at[i]   passes in which position i was proposed, every earlier position accepted and
+                  committed, and the pass committed a token at position i (a position past a stop
+                  token or the budget is not reached); accepted_at / reached_at is the conditional
+                  rate alpha_i that EAGLE reports.
 """
 
 from __future__ import annotations
@@ -44,16 +50,24 @@ class SpecMetrics:
     return cls(z, z, z, z, zk, zk)
 
   def update(self, live, n_drafted, n_accepted, n_committed) -> "SpecMetrics":
-    """Adds one verify pass for the live rows."""
+    """Adds one verify pass for the live rows.
+
+    Args:
+      live: [B] rows that ran this pass.
+      n_drafted: [B] drafts proposed.
+      n_accepted: [B] drafts the rule accepted.
+      n_committed: [B] tokens appended (<= n_accepted + 1; fewer when a stop or the budget cuts).
+    """
     k = self.accepted_at.shape[1]
     pos = jnp.arange(k)[None, :]
     live_i = live.astype(jnp.int32)
-    acc_at = (pos < n_accepted[:, None]) & live[:, None]
-    reached = (pos <= n_accepted[:, None]) & (pos < n_drafted[:, None]) & live[:, None]
+    kept = jnp.minimum(n_accepted, n_committed)  # accepted drafts that were committed
+    acc_at = (pos < kept[:, None]) & live[:, None]
+    reached = (pos < n_committed[:, None]) & (pos < n_drafted[:, None]) & live[:, None]
     return SpecMetrics(
       self.target_passes + live_i,
       self.drafted + n_drafted * live_i,
-      self.accepted + n_accepted * live_i,
+      self.accepted + kept * live_i,
       self.emitted + n_committed,
       self.accepted_at + acc_at,
       self.reached_at + reached,

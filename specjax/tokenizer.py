@@ -4,12 +4,19 @@
 ids that end a chat turn, and the model's Jinja chat template. It is built from a `tokenizer.json`
 directory (Hugging Face layout, which `save` also writes) or straight from a GGUF file's
 `tokenizer.ggml.*` metadata (byte-level BPE only).
+
+In chat prompts (`encode_chat`) message contents are user text: a special-token string typed there
+(e.g. `<|im_end|>`) is encoded as ordinary text, so it cannot end a turn or forge a role, unless the
+caller opts in with `parse_special=True`; the template's own special tokens are always control
+tokens.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -71,7 +78,10 @@ def _render(template: str, **context: Any) -> str:
 
   env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
   env.globals["raise_exception"] = raise_exception
-  return env.from_string(template).render(**context)
+  try:
+    return env.from_string(template).render(**context)
+  except TemplateError as e:
+    raise ValueError(f"chat template error: {e}") from e
 
 
 class Tokenizer:
@@ -277,7 +287,56 @@ class Tokenizer:
     )
 
   def encode_chat(
-    self, messages: Sequence[dict[str, str]], add_generation_prompt: bool = True
+    self,
+    messages: Sequence[dict[str, str]],
+    add_generation_prompt: bool = True,
+    parse_special: bool = False,
   ) -> list[int]:
-    """Token ids of the rendered chat prompt (the template writes any BOS itself)."""
-    return self.encode(self.apply_chat_template(messages, add_generation_prompt), False)
+    """Token ids of the rendered chat prompt (the template writes any BOS itself).
+
+    Args:
+      messages: [{"role": ..., "content": ...}].
+      add_generation_prompt: end with the template's assistant header.
+      parse_special: also turn special-token strings inside message contents (e.g. a typed
+        `<|im_end|>`) into control tokens. Off by default: contents are encoded as plain text,
+        which keeps a user from ending a turn or forging a role (chat-template injection).
+
+    Raises:
+      ValueError: if a content holds a special-token string, `parse_special` is off, and the
+        template rewrites contents (so they cannot be located in the rendered prompt).
+    """
+    text = self.apply_chat_template(messages, add_generation_prompt)
+    if parse_special or not any(self._special_in(m.get("content")) for m in messages):
+      return self.encode(text, False)  # nothing to escape: the plain encoding is already safe
+    return self._encode_contents_as_text(messages, add_generation_prompt, text)
+
+  def _special_in(self, content: Any) -> bool:
+    if not isinstance(content, str):
+      return False
+    added = self._tok.get_added_tokens_decoder().values()
+    return any(t.special and t.content in content for t in added)
+
+  def _encode_contents_as_text(self, messages, add_generation_prompt, text) -> list[int]:
+    """Encodes the template's text with special tokens and each content without them."""
+    marks = [f"\x00{uuid.uuid4().hex}\x00" for _ in messages]
+    marked = [{**m, "content": mark} for m, mark in zip(messages, marks)]
+    pieces = re.split(
+      "(" + "|".join(marks) + ")", self.apply_chat_template(marked, add_generation_prompt)
+    )
+    content_of = {mark: m["content"] for mark, m in zip(marks, messages)}
+    if "".join(content_of.get(p, p) for p in pieces) != text:
+      raise ValueError(
+        "a message holds a special-token string and this chat template rewrites message "
+        "contents, so it cannot be encoded as text; remove it or pass parse_special=True"
+      )
+    ids: list[int] = []
+    for piece in pieces:
+      if piece in content_of:
+        before, self._tok.encode_special_tokens = self._tok.encode_special_tokens, True
+        try:  # special-token strings in the content become ordinary text
+          ids += self.encode(content_of[piece], False)
+        finally:
+          self._tok.encode_special_tokens = before
+      elif piece:
+        ids += self.encode(piece, False)
+    return ids

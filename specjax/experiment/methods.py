@@ -82,20 +82,43 @@ def make_rule(name: str) -> Any:
 
 
 def method_label(settings: ExperimentSettings) -> str:
-  """The method's name in records and tables, e.g. "prompt_lookup_k4" or "eagle1_k4"."""
+  """The method's name in records and tables, e.g. "prompt_lookup_k4", "eagle1_k4", or
+  "eagle2_eagle1_n16" (EAGLE-2's dynamic tree of 16 nodes drafted by the eagle1 head)."""
   d, t = settings.drafter, settings.tree
   layers = f"_l{d.n_layers}" if d.n_layers else ""
+  head = d.shipped.split("-smollm2")[0]
   if settings.method == "draft_model":
     return f"draft_model{layers}_k{d.k}"
   if settings.method == "shipped":
-    return f"{d.shipped.split('-smollm2')[0]}_k{d.k}"
+    return f"{head}_k{d.k}"
   if settings.method == "tree":
-    if t.kind in ("heads", "eagle"):
-      return f"{d.shipped.split('-smollm2')[0]}_tree_n{t.n_nodes}"
+    if t.kind == "eagle":
+      return f"eagle2_{head}_n{t.n_nodes}"
+    if t.kind == "heads":
+      return f"{head}_tree_n{t.n_nodes}"
     return f"{t.kind}_tree{layers}_n{t.n_nodes}"
   if settings.method == "smc":
     return f"smc{layers}_p{settings.smc.n_particles}_k{d.k}"
   return f"{settings.method}_k{d.k}"
+
+
+def describe_method(settings: ExperimentSettings, method: Method | None) -> str:
+  """The method as a report's header names it: label, kind, loop, and what drafts."""
+  if method is None:
+    return "ar"
+  d, t = settings.drafter, settings.tree
+  text = f"{method.name} ({settings.method}, {method.loop} loop)"
+  if settings.method in ("draft_model", "smc") or (
+    settings.method == "tree" and t.kind in ("static", "dynamic")
+  ):
+    text += f", draft {d.model or settings.model}" + (
+      f" first {d.n_layers} layers" * bool(d.n_layers)
+    )
+  if settings.method == "tree" and t.kind == "eagle":
+    text += f", EAGLE-2 dynamic tree drafted by the shipped EAGLE head {d.shipped}"
+  elif d.shipped:
+    text += f", shipped drafter {d.shipped}"
+  return text
 
 
 def static_tree(n_nodes: int, depth: int) -> StaticTree:

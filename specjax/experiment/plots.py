@@ -6,6 +6,10 @@
   tensorboard/                 scalars per method (tag "<category>/<metric>", overall under
                                "overall/"), readable by `tensorboard --logdir WORKDIR/tensorboard`.
 
+Every plot has a title naming the metric and what was run (`context`, e.g. the target and the
+suite). Methods get distinct colours from colormaps of up to 20 colours, with a line style (and
+bar hatch) per further group of colours, so no two methods of a run look alike.
+
 matplotlib and tensorboardX are optional (the `plots` extra); without them nothing is written and
 the returned list says why.
 """
@@ -20,31 +24,51 @@ from specjax.experiment.tables import OVERALL, summary_rows
 SCALARS = ("speedup", "tau", "acceptance_rate", "tok_s", "ar_tok_s")
 
 
+LINE_STYLES = ("-", "--", ":", "-.")
+HATCHES = ("", "//", "..", "xx")
+
+
 def _method_rows(records: Sequence[dict]) -> list[dict]:
   return [r for r in summary_rows(records) if "tok_s" in r]
 
 
-def plot_acceptance(records: Sequence[dict], path: str) -> None:
+def method_style(j: int, n: int) -> tuple[tuple[float, ...], int]:
+  """(RGBA colour, style index) of method j of n: tab10 up to 10 methods, then tab20 (20 distinct
+  colours); past 20 the colours repeat with the next line style / hatch (style index j // 20)."""
+  from matplotlib import colormaps
+
+  cmap = colormaps["tab10" if n <= 10 else "tab20"]
+  return cmap(j % cmap.N), j // cmap.N
+
+
+def _title(what: str, context: str) -> str:
+  return f"{what}\n{context}" if context else what
+
+
+def plot_acceptance(records: Sequence[dict], path: str, context: str = "") -> None:
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(6, 4))
-  for r in _method_rows(records):
-    if r["category"] == OVERALL and r["alpha_at"]:
-      xs = range(1, len(r["alpha_at"]) + 1)
-      ax.plot(xs, r["alpha_at"], marker="o", label=r["method"])
+  rows = [r for r in _method_rows(records) if r["category"] == OVERALL and r["alpha_at"]]
+  for j, r in enumerate(rows):
+    color, style = method_style(j, len(rows))
+    xs = range(1, len(r["alpha_at"]) + 1)
+    ls = LINE_STYLES[style % len(LINE_STYLES)]
+    ax.plot(xs, r["alpha_at"], marker="o", color=color, linestyle=ls, label=r["method"])
   ax.set_xlabel("draft position i")
   ax.set_ylabel("alpha_i (accepted / reached)")
   ax.set_ylim(0, 1)
+  ax.set_title(_title("acceptance alpha_i per draft position, all prompts", context), fontsize=9)
   ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   plt.close(fig)
 
 
-def plot_speedup(records: Sequence[dict], path: str) -> None:
+def plot_speedup(records: Sequence[dict], path: str, context: str = "") -> None:
   import matplotlib
 
   matplotlib.use("Agg")
@@ -59,10 +83,13 @@ def plot_speedup(records: Sequence[dict], path: str) -> None:
   fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(cats)), 4))
   for j, m in enumerate(methods):
     ys = [cell.get((c, m), 0.0) for c in cats]
-    ax.bar(np.arange(len(cats)) + j * width, ys, width, label=m)
+    color, style = method_style(j, len(methods))
+    hatch = HATCHES[style % len(HATCHES)]
+    ax.bar(np.arange(len(cats)) + j * width, ys, width, color=color, hatch=hatch, label=m)
   ax.axhline(1.0, color="k", lw=0.8)
   ax.set_xticks(np.arange(len(cats)) + 0.4 - width / 2, cats, rotation=30, ha="right")
   ax.set_ylabel("speedup over AR")
+  ax.set_title(_title("speedup over AR per task (mean over prompts)", context), fontsize=9)
   ax.legend(fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
@@ -83,14 +110,20 @@ def write_scalars(records: Sequence[dict], logdir: str) -> None:
           w.add_scalar(f"{r['category']}/alpha_at", a, i + 1)
 
 
-def write_plots(records: Sequence[dict], workdir: str) -> list[str]:
-  """Writes the PNGs and TensorBoard scalars into `workdir`; returns what it wrote (or why not)."""
+def write_plots(records: Sequence[dict], workdir: str, context: str = "") -> list[str]:
+  """Writes the PNGs and TensorBoard scalars into `workdir`; returns what it wrote (or why not).
+
+  Args:
+    records: the run's records.
+    workdir: where to write.
+    context: what was run, for the plot titles (e.g. "smollm2-135m-instruct on Spec-Bench").
+  """
   if not _method_rows(records):
     return []
   out = []
   try:
-    plot_acceptance(records, os.path.join(workdir, "acceptance_per_position.png"))
-    plot_speedup(records, os.path.join(workdir, "speedup_per_task.png"))
+    plot_acceptance(records, os.path.join(workdir, "acceptance_per_position.png"), context)
+    plot_speedup(records, os.path.join(workdir, "speedup_per_task.png"), context)
     out += ["acceptance_per_position.png", "speedup_per_task.png"]
   except ImportError:
     out.append("(no plots: pip install -e '.[plots]')")

@@ -7,7 +7,10 @@ SMC-SD), one prompt per call (batch 1),
 from the same padded tokens and the same PRNG key. A call is timed only once its shapes are
 compiled: the first time a padded prompt width is seen, each loop is run untimed with a budget of
 one token (budgets are traced values, so this compiles exactly the program that is then timed).
-Prompts are padded to a power of two (at least `bucket`) to keep the number of compiled shapes small.
+Prompts are padded to a power of two (at least `min_width`) to keep the number of compiled shapes
+small, capped so that the padded prompt, the budget and the widest method's draft slots fit the
+target's context (`prompt_width`); whether a prompt fits is decided on its real length.
+(`specjax.generate.pad_prompts`'s `bucket` is something else: it pads to a multiple.)
 
 Multi-turn prompts (MT-bench) ask each user turn after the model's previous answers; the answers
 are the AR baseline's, so every method sees the same token ids (at temperature 0 a lossless
@@ -15,16 +18,22 @@ method produces the same answer anyway, which `same_as_ar` records). Counts and 
 over turns.
 
 One JSON record per prompt is appended to `records.jsonl` as soon as the prompt finishes; a rerun
-with the same settings skips the prompts already there.
+with the same settings skips the prompts already there. A prompt that cannot run (too long for the
+context, a chat template error, out of memory) is recorded there too, as
+`{"category", "prompt_id", "error"}`, and skipped: the suite goes on, the summary counts it, and a
+rerun does not retry it (delete its line to retry).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import operator
 import os
+import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import jax
@@ -44,9 +53,29 @@ RECORDS = "records.jsonl"
 SETTINGS = "settings.json"
 
 
-def bucket_width(n_tokens: int, bucket: int) -> int:
-  """Padded prompt width: the next power of two >= n_tokens, at least `bucket`."""
-  return max(bucket, 1 << max(n_tokens - 1, 0).bit_length())
+# What a prompt that cannot run raises (user-input and resource errors, not programming errors).
+SKIPPABLE = (ValueError, RuntimeError, MemoryError)
+
+
+def prompt_width(n_tokens: int, min_width: int, max_width: int) -> int:
+  """Padded prompt width: the next power of two >= n_tokens, at least `min_width`, at most
+  `max_width` (what fits the context), and never less than `n_tokens`."""
+  pow2 = 1 << max(n_tokens - 1, 0).bit_length()
+  return max(n_tokens, min(max(min_width, pow2), max_width))
+
+
+def draft_slots(method: Method) -> int:
+  """Cache slots a method needs past the prompt and budget: one verify block plus drafter slack."""
+  d = method.drafter
+  block = d.n_nodes if method.loop == "tree" else d.k + 1
+  return block + d.capacity_slack()
+
+
+def prompt_seed(prompt_id: int | str) -> int:
+  """The PRNG fold-in value of a prompt: its id if that is a uint32, else a hash of the id."""
+  if isinstance(prompt_id, int) and 0 <= prompt_id < 2**32:
+    return prompt_id
+  return int.from_bytes(hashlib.sha256(str(prompt_id).encode()).digest()[:4], "little")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,11 +104,12 @@ class Runner:
     methods: Sequence[Method],
     gen: GenerateConfig,
     seed: int = 0,
-    bucket: int = 64,
+    min_width: int = 64,
     log: Callable[[str], None] = print,
   ):
     self.target, self.methods, self.gen = target, list(methods), gen
-    self.seed, self.bucket, self.log = seed, bucket, log
+    self.seed, self.min_width, self.log = seed, min_width, log
+    self.draft_slots = max((draft_slots(m) for m in self.methods), default=0)
     self._compiled: set[tuple[str, int]] = set()
 
   def _call(self, method: Method | None, prompts, lens, key, budget=None):
@@ -99,11 +129,14 @@ class Runner:
 
   def run(self, method: Method | None, ids: Sequence[int], key: jax.Array) -> Generation:
     """Generates from `ids` with `method` (None = AR), compiling the shape untimed if new."""
-    width = bucket_width(len(ids), self.bucket)
-    limit = self.target.cfg.max_position
-    if width + self.gen.max_new_tokens > limit:
-      raise ValueError(f"prompt of {len(ids)} tokens + max_new_tokens exceeds the {limit} context")
-    prompts, lens = pad_prompts([list(ids)], bucket=width)
+    limit, max_new = self.target.cfg.max_position, self.gen.max_new_tokens
+    if len(ids) + max_new > limit:
+      raise ValueError(
+        f"prompt of {len(ids)} tokens + max_new_tokens {max_new} exceeds the {limit}-token "
+        f"context of {self.target.name}"
+      )
+    width = prompt_width(len(ids), self.min_width, limit - max_new - self.draft_slots)
+    prompts, lens = pad_prompts([list(ids)], bucket=width)  # a multiple of width >= len: width
     name = "ar" if method is None else method.name
     if (name, width) not in self._compiled:
       t0 = time.perf_counter()
@@ -126,7 +159,7 @@ class Runner:
   def run_prompt(self, prompt: Prompt) -> dict:
     """All turns of `prompt` with AR and every method; returns its JSON record."""
     tok = self.target.tokenizer
-    key = jax.random.fold_in(jax.random.PRNGKey(self.seed), prompt.prompt_id)
+    key = jax.random.fold_in(jax.random.PRNGKey(self.seed), prompt_seed(prompt.prompt_id))
     answers: list[str] = []
     prompt_tokens: list[int] = []
     runs: dict[str, list[Generation]] = {"ar": []}
@@ -170,15 +203,17 @@ def smc_config(s: SMCSettings, gen: GenerateConfig) -> SMCConfig:
 
 
 def smc_metrics(out: SMCOutput, k: int) -> SpecMetrics:
-  """SMC-SD's counters in `SpecMetrics` form. SMC-SD rejects nothing: every drafted token of the
-  chosen particle is kept, so "accepted" counts kept drafts (emitted tokens less one target token
-  per cycle) and every position counts as reached and accepted in every cycle."""
+  """SMC-SD's counters in `SpecMetrics` form. SMC-SD rejects nothing, and each cycle of the chosen
+  particle commits k drafts and a bonus token, except a last cycle cut by a stop token or the
+  budget, which commits its first r <= k drafts only. So of its E emitted tokens,
+  f = E // (k + 1) cycles were whole, and "accepted" (committed drafts) is E - f; position i was
+  reached, and accepted, in the f whole cycles and in the cut one if i < r = E - f (k + 1)."""
   passes = jnp.asarray(out.target_passes, jnp.int32)
   emitted = jnp.asarray(out.lengths, jnp.int32) - 1
-  per_pos = jnp.broadcast_to(passes[:, None], (passes.shape[0], k))
-  return SpecMetrics(
-    passes, passes * k, jnp.maximum(emitted - passes, 0), emitted, per_pos, per_pos
-  )
+  whole = emitted // (k + 1)
+  rest = emitted - whole * (k + 1)
+  per_pos = whole[:, None] + (jnp.arange(k)[None, :] < rest[:, None])
+  return SpecMetrics(passes, passes * k, emitted - whole, emitted, per_pos, per_pos)
 
 
 def _totals(gens: Sequence[Generation]) -> dict:
@@ -230,7 +265,14 @@ def _drop_torn_tail(path: str, records: Sequence[dict]) -> None:
 
 
 def check_settings(workdir: str, settings: dict) -> None:
-  """Writes `settings.json`, or checks that a resumed run uses the same settings."""
+  """Writes `settings.json`, or checks that a resumed run uses the same settings.
+
+  Cheap, so entry points call it before loading any model.
+
+  Raises:
+    ValueError: if `workdir` holds a run with other settings, or cannot be created or written.
+  """
+  check_writable(workdir)
   path = os.path.join(workdir, SETTINGS)
   text = json.dumps(settings, indent=2, sort_keys=True, default=str)
   if os.path.exists(path):
@@ -244,9 +286,24 @@ def check_settings(workdir: str, settings: dict) -> None:
         "use a new --workdir or delete the old one"
       )
     return
-  os.makedirs(workdir, exist_ok=True)
   with open(path, "w") as f:
     f.write(text + "\n")
+
+
+def check_writable(workdir: str) -> None:
+  """Creates `workdir` if needed and checks that files can be written there.
+
+  Raises:
+    ValueError: naming the directory and the OS error, if not.
+  """
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    with tempfile.TemporaryFile(dir=workdir):
+      pass
+  except OSError as e:
+    raise ValueError(
+      f"--workdir {workdir} is not writable ({e.strerror or e}); choose another directory"
+    ) from e
 
 
 def run_suite(
@@ -258,9 +315,15 @@ def run_suite(
 ) -> list[dict]:
   """Runs every prompt not yet in `workdir/records.jsonl`, appending a record after each.
 
+  A prompt that raises one of `SKIPPABLE` gets an error record instead (see the module docstring)
+  and the suite goes on; `skipped_records` lists those.
+
   Returns:
-    The records of `prompts` (finished earlier or now), in the order of `prompts`.
+    The records of `prompts` that ran (finished earlier or now), in the order of `prompts`.
   """
+  dups = sorted(str(i) for i, n in Counter(p.prompt_id for p in prompts).items() if n > 1)
+  if dups:
+    raise ValueError(f"prompt ids must be unique; repeated: {', '.join(dups)}")
   check_settings(workdir, settings)
   path = os.path.join(workdir, RECORDS)
   finished = read_records(path)
@@ -268,18 +331,54 @@ def run_suite(
   done = {r["prompt_id"]: r for r in finished}
   todo = [p for p in prompts if p.prompt_id not in done]
   if len(todo) < len(prompts):
-    log(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already in {path}")
+    n_err = sum("error" in done[p.prompt_id] for p in prompts if p.prompt_id in done)
+    errs = f" ({n_err} skipped with an error; delete their lines to retry)" if n_err else ""
+    log(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already in {path}{errs}")
   with open(path, "a") as f:
     for i, p in enumerate(todo, 1):
-      rec = runner.run_prompt(p)
+      try:
+        rec = runner.run_prompt(p)
+      except SKIPPABLE as e:
+        rec = error_record(p, e)
       f.write(json.dumps(rec) + "\n")
       f.flush()
       done[p.prompt_id] = rec
       log(f"[{i}/{len(todo)}] {progress_line(rec)}")
-  return [done[p.prompt_id] for p in prompts]
+  return [done[p.prompt_id] for p in prompts if "error" not in done[p.prompt_id]]
+
+
+def error_record(prompt: Prompt, error: BaseException) -> dict:
+  """The record of a prompt that could not run."""
+  return {
+    "category": prompt.category,
+    "prompt_id": prompt.prompt_id,
+    "turns": len(prompt.turns),
+    "error": f"{type(error).__name__}: {error}",
+  }
+
+
+def skipped_records(workdir: str, prompts: Sequence[Prompt]) -> list[dict]:
+  """The error records of `prompts` in `workdir/records.jsonl` (prompts that could not run)."""
+  ids = {p.prompt_id for p in prompts}
+  records = read_records(os.path.join(workdir, RECORDS))
+  return [r for r in records if "error" in r and r["prompt_id"] in ids]
+
+
+def skipped_summary(skipped: Sequence[dict], n_prompts: int) -> str:
+  """One line per distinct error: how many prompts were skipped and why ("" if none)."""
+  if not skipped:
+    return ""
+  why: dict[str, list] = {}
+  for r in skipped:
+    why.setdefault(r["error"], []).append(f"{r['category']} #{r['prompt_id']}")
+  lines = [f"skipped {len(skipped)} of {n_prompts} prompts (error records in {RECORDS}):"]
+  lines += [f"  {len(ps)}x {err} ({', '.join(ps)})" for err, ps in why.items()]
+  return "\n".join(lines)
 
 
 def progress_line(rec: dict) -> str:
+  if "error" in rec:
+    return f"{rec['category']} #{rec['prompt_id']}: skipped: {rec['error']}"
   ar = rec["ar"]
   parts = [
     f"{rec['category']} #{rec['prompt_id']}: AR {ar['tok_s']:.1f} tok/s "

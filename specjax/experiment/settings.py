@@ -20,6 +20,14 @@ METHODS = ("ar", "prompt_lookup", "draft_model", "shipped", "tree", "smc")
 SUITES = ("auto", "spec_bench", "packaged")
 TREE_KINDS = ("static", "dynamic", "heads", "eagle")
 RULE_NAMES = ("auto", "greedy", "speculative", "typical")
+# Integer fields that must be >= 1 (each is checked, and named, on its own).
+POSITIVE_FIELDS = (
+  "max_new_tokens",
+  "data.per_category",
+  "drafter.k",
+  "smc.n_particles",
+  "min_prompt_width",
+)
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -59,7 +67,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.data.categories = ""  # comma-separated; "" = every category of the suite
   c.data.per_category = 80  # first n prompts of each category (Spec-Bench has 80)
   c.data.turns = 2  # MT-bench turns to run (1 or 2)
-  c.prompt_bucket = 64  # prompts are padded to max(bucket, next power of two): few compiled shapes
+  # Prompts are padded to a power of two, at least this wide, capped at what fits the context
+  # (`specjax.experiment.runner.prompt_width`): few compiled shapes.
+  c.min_prompt_width = 64
   c.seed = 0
   return c
 
@@ -112,7 +122,7 @@ class ExperimentSettings:
   categories: tuple[str, ...]
   per_category: int
   turns: int
-  prompt_bucket: int
+  min_prompt_width: int
   seed: int
 
   def generate_config(self, stop_tokens: tuple[int, ...]) -> GenerateConfig:
@@ -142,8 +152,12 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     raise ValueError(
       f"config.data.categories: unknown {unknown}; choose from {','.join(dict.fromkeys(allowed))}"
     )
-  if config.max_new_tokens < 1 or config.data.per_category < 1 or config.drafter.k < 1:
-    raise ValueError("max_new_tokens, data.per_category and drafter.k must be >= 1")
+  for field in POSITIVE_FIELDS:
+    value = _get(config, field)
+    if value < 1:
+      raise ValueError(f"config.{field}={value}: must be >= 1")
+  if config.drafter.n_layers < 0:
+    raise ValueError(f"config.drafter.n_layers={config.drafter.n_layers}: must be >= 0 (0 = all)")
   if config.tree.kind not in TREE_KINDS:
     raise ValueError(f"config.tree.kind must be one of {TREE_KINDS}, got {config.tree.kind!r}")
   if config.method == "shipped" and not config.drafter.shipped:
@@ -167,7 +181,7 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     categories=categories,
     per_category=int(config.data.per_category),
     turns=int(config.data.turns),
-    prompt_bucket=int(config.prompt_bucket),
+    min_prompt_width=int(config.min_prompt_width),
     seed=int(config.seed),
   )
 
@@ -202,6 +216,31 @@ def split_arg(arg: str, choices: tuple[str, ...]) -> tuple[str, str]:
   if head not in choices:
     raise ValueError(f"unknown config argument {head!r}; choose from {choices} (then ',small')")
   return head, variant
+
+
+def _get(config: ml_collections.ConfigDict, field: str):
+  for key in field.split("."):
+    config = config[key]
+  return config
+
+
+def unknown_field_message(field: str, config: ml_collections.ConfigDict | None = None) -> str:
+  """Why `field` (a dotted path such as "drafter.kk") is not a config field, or "" if it is one.
+
+  The message names the full path and lists the known fields of the group it points into.
+  """
+  config = base_config() if config is None else config
+  node, seen = config, []
+  for key in field.split("."):
+    if not isinstance(node, ml_collections.ConfigDict):
+      return f"config field {'.'.join(seen)!r} is a value, not a group: no {field!r}"
+    if key not in node:
+      group = ".".join(seen)
+      where = f"of {group}" if group else "at the top level"
+      return f"unknown config field {field!r}; known fields {where}: {', '.join(sorted(node))}"
+    node = node[key]
+    seen.append(key)
+  return ""
 
 
 def field_names(config: ml_collections.ConfigDict | None = None, prefix: str = "") -> list[str]:
