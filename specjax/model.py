@@ -130,8 +130,16 @@ class Output:
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm over the last axis, computed in float32, returned in x's dtype.
+
+  The sum of squares is a `linear` against a row of ones: on CPU its kernel reduces every row in
+  one fixed order whatever the number of rows, where XLA:CPU's own row reduction does not (it gave
+  different bits for some rows of a 33-row call than for the same rows alone at D = 128, and from 8
+  rows on at D = 576), so a verify pass normalises each token exactly as a decode step does.
+  """
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  ss = linear(x32 * x32, jnp.ones((1, x.shape[-1]), jnp.float32))  # [..., 1]
+  y = x32 * jax.lax.rsqrt(ss / x.shape[-1] + eps)
   return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
