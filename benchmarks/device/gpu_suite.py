@@ -189,6 +189,13 @@ def log(msg: str) -> None:
   print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def coarse_first(ks: tuple[int, ...]) -> tuple[int, ...]:
+  """The ks in the order to time them: 1 and the powers of two first, so that a run cut short by
+  its time budget still spans the whole range; then the rest."""
+  powers = [k for k in ks if k & (k - 1) == 0]
+  return tuple(powers + [k for k in ks if k not in powers])
+
+
 def median_s(f, rounds: int) -> float:
   """Median wall seconds of `rounds` calls of f(), each synchronised with the device."""
   ts = []
@@ -400,8 +407,8 @@ def run_model(name: str, cfg: ModelConfig, s: Settings, bw: float, clock: Clock,
       continue
     capacity = s.context + max(s.ks)
     allows = functools.partial(lambda b, k: clock.allows(f"{name}/verify/b{b}/k{k}"), b)
-    t = time_passes(params, cfg, b, s.ks, s.context, capacity, s, allows)
-    ks = list(t)
+    t = time_passes(params, cfg, b, coarse_first(s.ks), s.context, capacity, s, allows)
+    ks = sorted(t)
     if not ks:
       continue
     res["verify"][f"b{b}"] = {
