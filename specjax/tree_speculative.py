@@ -48,10 +48,18 @@ from specjax.trees import TokenTree, gather_path
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TreeProposal:
-  """A drafted tree per row and the drafter state after drafting it."""
+  """A drafted tree per row and the drafter state after drafting it.
+
+  Attributes:
+    tree: the rows' trees.
+    state: the drafter state after drafting.
+    n_drafted: optional [B] real drafted nodes, for the metrics of a drafter whose trees leave
+      slots unused (default: all N - 1).
+  """
 
   tree: TokenTree
   state: Any
+  n_drafted: jax.Array | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -176,6 +184,8 @@ def _tree_step(
   step = TreeStepResult(s.seq_len, n_acc, m, gather_path(out.hidden, path), layer_hidden, path)
   draft_state = drafter.commit(draft_params, prop.state, seq, seq_len, step)
   n_drafted = jnp.full((B,), tree.n_nodes - 1, jnp.int32)
+  if prop.n_drafted is not None:
+    n_drafted = prop.n_drafted
   metrics = s.metrics.update(live, n_drafted, n_acc, m)
   return _TreeState(seq, seq_len, cache, draft_state, done, metrics, key)
 
