@@ -319,3 +319,34 @@ def test_cache_is_a_pytree_of_fixed_shape():
   assert isinstance(a, SuffixCache) and a.size == b.size == 16
   assert jax.tree.structure(a) == jax.tree.structure(b)
   assert [x.shape for x in jax.tree.leaves(a)] == [(16,), (16,)]
+
+
+# ---- harness: configs and the global cache from earlier prompts ---------------------------------
+
+
+@pytest.mark.parametrize(
+  "arg, form, loop", [("", "tree", "tree"), ("chain,small", "chain", "chain")]
+)
+def test_config_builds_the_method(arg, form, loop):
+  import os
+  import runpy
+
+  from specjax.experiment.methods import Method, build_method
+  from specjax.experiment.runner import with_history
+  from specjax.experiment.settings import settings_from_config
+
+  path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+  get_config = runpy.run_path(os.path.join(path, "suffix.py"))["get_config"]
+  settings = settings_from_config(get_config(arg))
+  assert settings.method == "suffix" and settings.suffix.form == form
+  method = build_method(settings, target=None)  # model-free: the target is not needed
+  assert method.loop == loop and method.name == (
+    "suffix_tree_n16" if form == "tree" else "suffix_k4"
+  )
+  G = settings.suffix.global_size
+  assert (np.asarray(method.draft_params.tokens) == SEP).all()  # no earlier outputs yet
+  later = with_history(method, [[5, 6, 7], [8, 9]])
+  np.testing.assert_array_equal(later.draft_params.tokens[-7:], [5, 6, 7, SEP, 8, 9, SEP])
+  assert later.draft_params.size == G and later.drafter is method.drafter
+  other = Method("x", object(), ())  # a drafter without `cache_from_outputs` is left alone
+  assert with_history(other, [[1]]) is other

@@ -287,7 +287,7 @@ class _SuffixSettings:
     spec_factor: drafted tokens per matched token (the size rule's alpha).
     min_prob: smallest continuation frequency drafted.
     max_occurrences: O, occurrences of the matched suffix scored (the latest ones).
-    global_size: G, slots of the global cache `cache_from_outputs` builds.
+    global_size: G, slots of the global cache `cache_from_outputs` builds (0: none, the row alone).
   """
 
   max_match: int = 16
@@ -298,13 +298,15 @@ class _SuffixSettings:
   hidden_layers: tuple[int, ...] = ()
 
   def _check(self, depth: int) -> None:
-    if depth < 1 or self.max_match < 1 or self.max_occurrences < 1 or self.global_size < 1:
-      raise ValueError("draft depth, max_match, max_occurrences and global_size must be >= 1")
+    if depth < 1 or self.max_match < 1 or self.max_occurrences < 1 or self.global_size < 0:
+      raise ValueError("need draft depth, max_match, max_occurrences >= 1 and global_size >= 0")
     if self.spec_factor <= 0 or not 0 <= self.min_prob <= 1:
       raise ValueError(f"need spec_factor > 0 and 0 <= min_prob <= 1, got {self}")
 
-  def cache_from_outputs(self, outputs: Sequence[Sequence[int]]) -> SuffixCache:
-    """The drafter parameters for a call that may draft from these earlier outputs."""
+  def cache_from_outputs(self, outputs: Sequence[Sequence[int]]) -> SuffixCache | tuple:
+    """The drafter parameters for a call that may draft from these earlier outputs (host side)."""
+    if self.global_size == 0:
+      return ()
     return suffix_cache_from_outputs(outputs, self.global_size)
 
   def capacity_slack(self) -> int:

@@ -17,6 +17,7 @@ from specjax.drafters import (
   VocabularyMismatchError,
   check_same_vocabulary,
 )
+from specjax.drafters.suffix import SuffixDrafter, SuffixTreeDrafter
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
 from specjax.drafters.tree_heads import HeadTreeDrafter, medusa_logits_source
 from specjax.experiment.settings import ExperimentSettings, SMCSettings
@@ -99,6 +100,8 @@ def method_label(settings: ExperimentSettings) -> str:
     return f"{t.kind}_tree{layers}_n{t.n_nodes}"
   if settings.method == "smc":
     return f"smc{layers}_p{settings.smc.n_particles}_k{d.k}"
+  if settings.method == "suffix" and settings.suffix.form == "tree":
+    return f"suffix_tree_n{t.n_nodes}"
   return f"{settings.method}_k{d.k}"
 
 
@@ -192,6 +195,27 @@ def _tree_method(settings, target, load_model, name: str) -> Method:
   return Method(name, drafter, params, None, "tree")
 
 
+def _suffix_method(settings: ExperimentSettings, name: str, rule) -> Method:
+  """Suffix decoding; its global cache starts empty and the runner refills it from earlier
+  outputs before each prompt (`SuffixDrafter.cache_from_outputs`)."""
+  u = settings.suffix
+  common = dict(
+    max_match=u.max_match,
+    spec_factor=u.spec_factor,
+    min_prob=u.min_prob,
+    max_occurrences=u.max_occurrences,
+    global_size=u.global_size,
+  )
+  if u.form == "tree":
+    if settings.rule != "auto":
+      raise ValueError("suffix trees choose their tree rule; leave config.rule=auto")
+    t = settings.tree
+    drafter = SuffixTreeDrafter(n_nodes=t.n_nodes, max_depth=t.depth, **common)
+    return Method(name, drafter, drafter.cache_from_outputs([]), None, "tree")
+  drafter = SuffixDrafter(k=settings.drafter.k, **common)
+  return Method(name, drafter, drafter.cache_from_outputs([]), rule)
+
+
 def build_method(
   settings: ExperimentSettings,
   target: Target,
@@ -213,6 +237,8 @@ def build_method(
   if settings.method == "prompt_lookup":
     drafter = PromptLookupDrafter(d.k, d.max_ngram, d.min_ngram)
     return Method(name, drafter, (), rule)
+  if settings.method == "suffix":
+    return _suffix_method(settings, name, rule)
   if settings.method == "shipped":
     shipped = load_shipped_drafter(d.shipped, target)
     return Method(name, shipped.drafter(d.k), shipped.params, rule)

@@ -12,6 +12,10 @@ small, capped so that the padded prompt, the budget and the widest method's draf
 target's context (`prompt_width`); whether a prompt fits is decided on its real length.
 (`specjax.generate.pad_prompts`'s `bucket` is something else: it pads to a multiple.)
 
+A method whose drafter drafts from earlier outputs (it has `cache_from_outputs`, e.g. suffix
+decoding) gets, before each prompt, draft parameters built from the AR outputs of every prompt this
+runner ran before it (not of the prompt itself, nor of prompts finished by an earlier, resumed run).
+
 Multi-turn prompts (MT-bench) ask each user turn after the model's previous answers; the answers
 are the AR baseline's, so every method sees the same token ids (at temperature 0 a lossless
 method produces the same answer anyway, which `same_as_ar` records). Counts and times are summed
@@ -111,6 +115,7 @@ class Runner:
     self.seed, self.min_width, self.log = seed, min_width, log
     self.draft_slots = max((draft_slots(m) for m in self.methods), default=0)
     self._compiled: set[tuple[str, int]] = set()
+    self.history: list[list[int]] = []  # AR outputs of the prompts run so far, oldest first
 
   def _call(self, method: Method | None, prompts, lens, key, budget=None):
     t = self.target
@@ -171,8 +176,9 @@ class Runner:
       ar = self.run(None, ids, turn_key)
       runs["ar"].append(ar)
       for m in self.methods:
-        runs[m.name].append(self.run(m, ids, turn_key))
+        runs[m.name].append(self.run(with_history(m, self.history), ids, turn_key))
       answers.append(tok.decode(ar.tokens))
+    self.history.extend(g.tokens for g in runs["ar"])
     record = {
       "category": prompt.category,
       "prompt_id": prompt.prompt_id,
@@ -188,6 +194,13 @@ class Runner:
       r["same_as_ar"] = all(a.tokens == b.tokens for a, b in zip(runs["ar"], runs[m.name]))
       record["methods"][m.name] = r
     return record
+
+
+def with_history(method: Method, outputs: Sequence[Sequence[int]]) -> Method:
+  """`method` with draft parameters built from earlier outputs, if its drafter drafts from them
+  (same shapes every time: no recompilation)."""
+  build = getattr(method.drafter, "cache_from_outputs", None)
+  return method if build is None else dataclasses.replace(method, draft_params=build(outputs))
 
 
 def smc_config(s: SMCSettings, gen: GenerateConfig) -> SMCConfig:

@@ -16,7 +16,8 @@ from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES
 from specjax.generate import GenerateConfig
 from specjax.sampling import SamplingConfig
 
-METHODS = ("ar", "prompt_lookup", "draft_model", "shipped", "tree", "smc")
+METHODS = ("ar", "prompt_lookup", "draft_model", "shipped", "tree", "smc", "suffix")
+SUFFIX_FORMS = ("tree", "chain")
 SUITES = ("auto", "spec_bench", "packaged")
 TREE_KINDS = ("static", "dynamic", "heads", "eagle")
 RULE_NAMES = ("auto", "greedy", "speculative", "typical")
@@ -53,6 +54,14 @@ def base_config() -> ml_collections.ConfigDict:
   c.tree.n_nodes = 16  # N, nodes per tree including the root
   c.tree.depth = 4  # deepest node
   c.tree.top_k = 4  # dynamic: children per expanded node and frontier width
+  # suffix decoding (`specjax.drafters.suffix`): chain uses drafter.k, tree tree.n_nodes/depth
+  c.suffix = ml_collections.ConfigDict()
+  c.suffix.form = "tree"  # "tree" or "chain"
+  c.suffix.max_match = 16  # longest context suffix matched
+  c.suffix.spec_factor = 1.0  # drafted tokens per matched token (size rule)
+  c.suffix.min_prob = 0.1  # smallest continuation frequency drafted
+  c.suffix.max_occurrences = 16  # latest occurrences of the matched suffix scored
+  c.suffix.global_size = 8192  # tokens of earlier prompts' AR outputs kept (0: the row alone)
   c.smc = ml_collections.ConfigDict()
   c.smc.n_particles = 4
   c.smc.draft_temperature = 0.7
@@ -97,6 +106,18 @@ class TreeSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class SuffixSettings:
+  """Suffix decoding (`specjax.drafters.suffix`): form, matching, scoring, size rule, global cache."""
+
+  form: str = "tree"
+  max_match: int = 16
+  spec_factor: float = 1.0
+  min_prob: float = 0.1
+  max_occurrences: int = 16
+  global_size: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
 class SMCSettings:
   """SMC-SD (`specjax.smc`): particles per request, draft temperature, resampling threshold."""
 
@@ -124,6 +145,7 @@ class ExperimentSettings:
   turns: int
   min_prompt_width: int
   seed: int
+  suffix: SuffixSettings = SuffixSettings()
 
   def generate_config(self, stop_tokens: tuple[int, ...]) -> GenerateConfig:
     return GenerateConfig(self.max_new_tokens, self.sampling, tuple(stop_tokens))
@@ -164,6 +186,10 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     raise ValueError("config.method=shipped needs config.drafter.shipped (a shipped drafter name)")
   if config.method == "smc" and float(config.sampling.temperature) <= 0:
     raise ValueError("config.method=smc samples: set config.sampling.temperature > 0")
+  if config.suffix.form not in SUFFIX_FORMS:
+    raise ValueError(
+      f"config.suffix.form must be one of {SUFFIX_FORMS}, got {config.suffix.form!r}"
+    )
   if config.data.turns not in (1, 2):
     raise ValueError(f"config.data.turns must be 1 or 2, got {config.data.turns}")
   s = config.sampling
@@ -183,6 +209,7 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     turns=int(config.data.turns),
     min_prompt_width=int(config.min_prompt_width),
     seed=int(config.seed),
+    suffix=SuffixSettings(**config.suffix.to_dict()),
   )
 
 
