@@ -216,13 +216,14 @@ _LINEAR_DTYPES = [
 
 
 def _assert_rows_independent(f, x):
-  """f(x[:M])[r] == f(x[r:r + 1])[0] bitwise for every sampled M and every r < M."""
+  """f(x[:M])[i][r] == f(x[r:r + 1])[i][0] bitwise for every output i, sampled M and r < M."""
   f = jax.jit(f)
-  alone = np.stack([np.asarray(f(x[r : r + 1]))[0] for r in range(x.shape[0])])
+  alone = [np.concatenate(ys) for ys in zip(*(f(x[r : r + 1]) for r in range(x.shape[0])))]
   for m in _ROW_COUNTS:
-    got = np.asarray(f(x[:m]))
-    bad = [r for r in range(m) if not np.array_equal(got[r], alone[r])]
-    assert not bad, f"M={m}: rows {bad} differ from the same rows computed alone"
+    for i, got in enumerate(f(x[:m])):
+      got = np.asarray(got)
+      bad = [r for r in range(m) if not np.array_equal(got[r], alone[i][r])]
+      assert not bad, f"output {i}, M={m}: rows {bad} differ from the same rows computed alone"
 
 
 @pytest.mark.parametrize("x_dtype,w_dtype", _LINEAR_DTYPES)
@@ -236,9 +237,15 @@ def test_projection_rows_independent_of_row_count(x_dtype, w_dtype):
     jax.random.normal(k, (2, n, K)).astype(w_dtype) for k, n in zip(ks[1:], (70, 9, 70))
   )
   i = jnp.int32(1)
-  _assert_rows_independent(lambda x: kernels.linear(x, wa, i), x)
-  _assert_rows_independent(lambda x: jnp.concatenate(kernels.linear_multi(x, (wa, wb), i), -1), x)
-  _assert_rows_independent(lambda x: kernels.swiglu(x, wa, wc, i), x)
+
+  def f(x):  # the three entry points: one weight, two weights, the fused SwiGLU pair
+    return (
+      kernels.linear(x, wa, i),
+      *kernels.linear_multi(x, (wa, wb), i),
+      kernels.swiglu(x, wa, wc, i),
+    )
+
+  _assert_rows_independent(f, x)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -335,7 +342,7 @@ def test_verify_pass_equals_decode_steps_bitwise(dtype):
     vocab_size=1000, d_model=576, n_layers=2, n_heads=9, n_kv_heads=3, head_dim=64,
     ffn_dim=1536, dtype=dtype,
   )  # fmt: skip
-  params = init_params(jax.random.PRNGKey(0), cfg, scale=0.1)
+  params = jax.jit(init_params, static_argnums=(1, 2))(jax.random.PRNGKey(0), cfg, 0.1)
   f = jax.jit(lambda p, t, c: forward(p, t, c, cfg))
   prompt = jax.random.randint(jax.random.PRNGKey(1), (2, 32), 0, cfg.vocab_size)  # shape of T=32
   cache = f(params, prompt, init_cache(cfg, 2, 80)).cache
