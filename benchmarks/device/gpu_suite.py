@@ -132,10 +132,10 @@ TINY = Settings(
   context=16,
   rounds=3,
   passes=8,
-  ar_tokens=8,
+  ar_tokens=24,
   loop_k=2,
   loop_prompt=8,
-  loop_tokens=8,
+  loop_tokens=16,
   bandwidth_bytes=16 << 20,
 )
 
@@ -327,7 +327,7 @@ def time_loop(run, rounds: int, tokens: int) -> dict[str, float]:
     "total_s": t_full,
     "prefill_s": t_one,
     "passes": passes,
-    "step_s": (t_full - t_one) / max(passes, 1),
+    "step_s": max(t_full - t_one, 0.0) / max(passes, 1),
   }
 
 
