@@ -29,7 +29,7 @@ from specjax.experiment import paper, plots
 from specjax.experiment.costs import draft_cost_ratio
 from specjax.experiment.methods import build_method, load_target
 from specjax.experiment.packaged import load_default_suite
-from specjax.experiment.runner import Runner, run_suite
+from specjax.experiment.runner import Runner, run_suite, skipped_records, skipped_summary
 from specjax.experiment.settings import settings_from_config
 from specjax.experiment.tasks import (
   DEFAULT_SOURCE,
@@ -174,7 +174,8 @@ def main(argv):
           f"{c['target_step_s'] * 1e3:.1f} ms, c = {c['c']:.3f}")  # fmt: skip
     ks = {m.name: m.drafter.k for m in methods}
     body = paper.leviathan_table(paper.leviathan_rows(records, costs, ks))
-  text = f"# {title}\n\n{body}\n"
+  skipped = skipped_summary(skipped_records(workdir, prompts), len(prompts))
+  text = f"# {title}\n\n" + (f"{skipped}\n\n" if skipped else "") + f"{body}\n"
   print("\n" + text)
   with open(os.path.join(workdir, "table.md"), "w") as f:
     f.write(text)

@@ -121,6 +121,14 @@ def main(argv):
     settings, source, prompts, target, method = set_up(log)
   except USER_ERRORS as e:
     sys.exit(f"FATAL: {one_line(str(e))}")
+  try:
+    run_and_report(settings, source, prompts, target, method, log)
+  except OSError as e:  # e.g. a full disk: the records written so far are kept
+    sys.exit(f"FATAL: {one_line(str(e))}")
+
+
+def run_and_report(settings, source, prompts, target, method, log) -> None:
+  """Runs the suite (resuming), then prints and writes the summary, the CSV and the plots."""
   gen = settings.generate_config(target.tokenizer.stop_ids)
   methods = [method] if method is not None else []
   runner = Runner(target, methods, gen, settings.seed, settings.min_prompt_width, log=log)
@@ -138,8 +146,7 @@ def main(argv):
   context = f"{target.name} on {source}, {settings.max_new_tokens} new tokens"
   written = plots.write_plots(records, workdir, context)
   print(
-    f"wrote {_WORKDIR.value}/summary.md, summary.csv, records.jsonl"
-    + "".join(f", {p}" for p in written)
+    f"wrote {workdir}/summary.md, summary.csv, records.jsonl" + "".join(f", {p}" for p in written)
   )
   if not records and skipped:
     sys.exit(f"FATAL: none of the {len(prompts)} prompts could run ({skipped.splitlines()[0]})")

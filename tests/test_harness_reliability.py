@@ -3,6 +3,7 @@ wrong config values, special-token strings in user text, and the counters at a c
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -282,3 +283,28 @@ def test_plots_have_titles_and_distinct_colours(tmp_path, monkeypatch):
   line_colours = {tuple(line.get_color()) for line in acc.get_lines()}
   bar_colours = {tuple(c.patches[0].get_facecolor()) for c in speed.containers}
   assert len(line_colours) == len(bar_colours) == 12
+
+
+def test_a_full_disk_keeps_the_records_already_written(target, tmp_path, monkeypatch):
+  questions = [{"question_id": i, "category": "qa", "turns": [f"Question {i}?"]} for i in (1, 2, 3)]
+  prompts = tasks.load_spec_bench(write_questions(tmp_path / "q.jsonl", questions), ("qa",))
+  settings, workdir = small_settings(**{"data.categories": "qa"}), str(tmp_path / "run")
+  real, calls = runner_lib._write_all, []
+
+  def fill_up(f, data):  # the second record gets 10 bytes in, then the disk is full
+    calls.append(data)
+    if len(calls) == 2:
+      real(f, data[:10])
+      raise OSError(errno.ENOSPC, "No space left on device")
+    real(f, data)
+
+  monkeypatch.setattr(runner_lib, "_write_all", fill_up)
+  with pytest.raises(OSError, match="No space left on device.*records before this prompt are kept"):
+    runner_lib.run_suite(make_runner(target, settings), prompts, workdir, settings.as_dict())
+  monkeypatch.undo()
+  ran, runner = [], make_runner(target, settings)
+  run_prompt = runner.run_prompt
+  runner.run_prompt = lambda p: ran.append(p.prompt_id) or run_prompt(p)
+  records = runner_lib.run_suite(runner, prompts, workdir, settings.as_dict())
+  assert ran == [2, 3] and [r["prompt_id"] for r in records] == [1, 2, 3]
+  assert json.loads(calls[0]) == records[0]  # the first record survived as written

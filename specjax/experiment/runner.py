@@ -266,15 +266,23 @@ def read_records(path: str) -> list[dict]:
   return records
 
 
-def _drop_torn_tail(path: str, records: Sequence[dict]) -> None:
-  """Rewrites `path` with just `records` if a killed run left a partial last line."""
+def _drop_torn_tail(path: str) -> None:
+  """Cuts a partial last line (a run killed mid-write, or a full disk) off `path`, in place; a
+  whole record that only lacks its newline gets one. Earlier lines are never rewritten."""
   if not os.path.exists(path):
     return
-  with open(path) as f:
-    text = f.read()
-  if text and not text.endswith("\n"):
-    with open(path, "w") as f:
-      f.writelines(json.dumps(r) + "\n" for r in records)
+  with open(path, "rb") as f:
+    data = f.read()
+  if not data or data.endswith(b"\n"):
+    return
+  cut = data.rfind(b"\n") + 1
+  try:
+    json.loads(data[cut:])
+  except ValueError:
+    os.truncate(path, cut)
+    return
+  with open(path, "ab") as f:
+    f.write(b"\n")
 
 
 def check_settings(workdir: str, settings: dict) -> None:
@@ -340,24 +348,37 @@ def run_suite(
   check_settings(workdir, settings)
   path = os.path.join(workdir, RECORDS)
   finished = read_records(path)
-  _drop_torn_tail(path, finished)
+  _drop_torn_tail(path)
   done = {r["prompt_id"]: r for r in finished}
   todo = [p for p in prompts if p.prompt_id not in done]
   if len(todo) < len(prompts):
     n_err = sum("error" in done[p.prompt_id] for p in prompts if p.prompt_id in done)
     errs = f" ({n_err} skipped with an error; delete their lines to retry)" if n_err else ""
     log(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already in {path}{errs}")
-  with open(path, "a") as f:
+  with open(path, "ab", buffering=0) as f:  # unbuffered: a failed write leaves nothing pending
     for i, p in enumerate(todo, 1):
       try:
         rec = runner.run_prompt(p)
       except SKIPPABLE as e:
         rec = error_record(p, e)
-      f.write(json.dumps(rec) + "\n")
-      f.flush()
+      try:
+        _write_all(f, (json.dumps(rec) + "\n").encode())
+      except OSError as e:
+        raise OSError(
+          e.errno,
+          f"cannot append to {path} ({e.strerror}); the records before this prompt are kept: "
+          "make room and rerun the same command to resume",
+        ) from e
       done[p.prompt_id] = rec
       log(f"[{i}/{len(todo)}] {progress_line(rec)}")
   return [done[p.prompt_id] for p in prompts if "error" not in done[p.prompt_id]]
+
+
+def _write_all(f, data: bytes) -> None:
+  """Writes all of `data` to an unbuffered file (a raw write may take only part of it)."""
+  view = memoryview(data)
+  while view:
+    view = view[f.write(view) :]
 
 
 def error_record(prompt: Prompt, error: BaseException) -> dict:

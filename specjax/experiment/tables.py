@@ -5,7 +5,8 @@ Per category (and over all prompts):
   speedup                   mean over prompts of (method tok/s / AR tok/s), Spec-Bench's convention.
   tau                       sum of emitted tokens / sum of target verify passes (see
                             `specjax.metrics`), pooled over the prompts.
-  acceptance                sum accepted / sum drafted, pooled.
+  acceptance                sum accepted (committed drafts, see `specjax.metrics`) / sum
+                            drafted, pooled.
   alpha_i                   per draft position: passes that accepted position i / passes that
                             reached it, pooled (in the CSV).
   same as AR                prompts whose output equals the AR baseline's token for token.
