@@ -75,6 +75,12 @@ def test_resume_after_interruption_has_no_loss_or_duplicate(toy, tmp_path):
   docs = corpus.load_documents(str(tmp_path / "c.npz"))
   assert [d.prompt_index for d in docs] == list(range(9)) and docs[1].heldout
   assert list(docs[4].tokens) == _reference(params, cfg, plist[4])
+  # A fresh directory seeded from the packed file continues it without redoing a document.
+  again = str(tmp_path / "again")
+  assert corpus.seed_from_packed(again, str(tmp_path / "c.npz"), manifest) == 9
+  assert corpus.done_prompts(again) == set(range(9))
+  with pytest.raises(ValueError, match="built differently"):
+    corpus.seed_from_packed(str(tmp_path / "other"), str(tmp_path / "c.npz"), {"target": "x"})
   with open(tmp_path / "c.npz", "r+b") as f:  # one flipped byte
     f.seek(100)
     b = f.read(1)

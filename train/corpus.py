@@ -429,3 +429,36 @@ def load_documents(path: str) -> list:
         starts, z["doc_lens"], z["prompt_lens"], z["prompt_index"], z["heldout"]
       )
     ]
+
+
+def seed_from_packed(out_dir: str, path: str, manifest: dict) -> int:
+  """Starts an empty corpus directory from a packed corpus file, so generation continues after it.
+
+  Returns the documents imported (0 when `out_dir` already has shards: nothing is changed).
+
+  Raises:
+    ValueError: the packed corpus was built with another manifest, or fails its sha256.
+  """
+  if glob.glob(os.path.join(out_dir, "shard_*.npz")):
+    return 0
+  meta_path = path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json"
+  with open(meta_path) as f:
+    packed = json.load(f)["manifest"]
+  diff = sorted(k for k in set(packed) | set(manifest) if packed.get(k) != manifest.get(k))
+  if diff:
+    raise ValueError(
+      f"{path} was built differently ({', '.join(diff)} differ from this run's); start a new "
+      "corpus without --resume_from, or use the recipe and target it records"
+    )
+  check_manifest(out_dir, manifest)
+  docs = load_documents(path)
+  with np.load(path) as z:
+    stopped = z["stopped"]
+  _write_shard(
+    out_dir,
+    [
+      Document(d.prompt_index, np.asarray(d.tokens, np.int32), d.prompt_len, bool(st))
+      for d, st in zip(docs, stopped)
+    ],
+  )
+  return len(docs)

@@ -29,6 +29,9 @@ _REFILL = flags.DEFINE_integer("refill", 8, "Slots refilled together G.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 512, "Response budget per prompt.")
 _HELDOUT = flags.DEFINE_integer("n_heldout", 200, "Prompts (list front) held out for evaluation.")
 _PACK = flags.DEFINE_string("pack", "", "Write the stored documents to this .npz and stop.")
+_RESUME_FROM = flags.DEFINE_string(
+  "resume_from", "", "A packed corpus (.npz) to start an empty --out from, then continue it."
+)
 
 
 def prompt_list(out_dir: str, recipe: prompts.PromptRecipe, tokenizer) -> list[prompts.TrainPrompt]:
@@ -78,6 +81,9 @@ def main(argv):
     recipe=dataclasses.asdict(recipe),
     prompts_fingerprint=prompts.fingerprint(plist),
   )
+  if _RESUME_FROM.value:
+    n = corpus.seed_from_packed(out, _RESUME_FROM.value, manifest)
+    print(f"corpus: {n} documents imported from {_RESUME_FROM.value}" if n else "corpus: resuming")
   stats = corpus.build_corpus(
     params, cfg, plist, tok.stop_ids, engine, out, manifest, _MAX_TOKENS.value
   )
