@@ -1,7 +1,8 @@
 """Suffix decoding: hand-computed trees, chains and global caches; greedy identical to AR (chain and
-tree loops, batch 1 and ragged batches, with and without a global cache of earlier outputs); the
-exact sampling distribution at T > 0 over every 3-token sequence of a 6-token vocabulary, with a
-wrong rule as negative control."""
+tree loops, batch 1 and ragged batches, with and without a global cache of earlier outputs); at
+T > 0, the tree loop's exact distribution over every 3-token sequence of a 6-token vocabulary, and
+the rule-level chi-square suite of tests/test_trees.py on suffix trees with a wrong rule as negative
+control; the config and the harness's global cache of earlier outputs."""
 
 from __future__ import annotations
 
@@ -285,8 +286,7 @@ def _loop_pvalue(small_vocab, drafter):
   target, cfg, prompt, sampling, probs, cache = small_vocab
   P, L = pad_prompts([prompt] * N_LOOP, bucket=len(prompt))
   gen = GenerateConfig(max_new_tokens=3, sampling=sampling)
-  fn = tree_speculative_generate if isinstance(drafter, SuffixTreeDrafter) else speculative_generate
-  out = fn(target, cfg, drafter, cache, P, L, gen, key=jax.random.PRNGKey(2))  # default rules
+  out = tree_speculative_generate(target, cfg, drafter, cache, P, L, gen, key=jax.random.PRNGKey(2))
   toks = np.asarray(out.tokens)[:, :3]
   assert (np.asarray(out.lengths) == 3).all()
   expected = np.zeros(6**3)
@@ -303,12 +303,13 @@ def _loop_pvalue(small_vocab, drafter):
 
 
 LOOP_TREE = SuffixTreeDrafter(n_nodes=6, max_depth=2, max_match=4, spec_factor=4.0, min_prob=0.0)
-LOOP_CHAIN = SuffixDrafter(k=2, max_match=4, spec_factor=4.0, min_prob=0.0)
 
 
-@pytest.mark.parametrize("drafter", [LOOP_TREE, LOOP_CHAIN], ids=["tree", "chain"])
-def test_loop_sampling_distribution_is_the_targets(small_vocab, drafter):
-  pvalue, s = _loop_pvalue(small_vocab, drafter)  # point mass: TreePointMassRule / q = 1
+def test_loop_sampling_distribution_is_the_targets(small_vocab):
+  """Suffix trees through the tree loop and its default rule at T > 0 (TreePointMassRule). The
+  chain form goes through `SpeculativeSamplingRule` with a point mass, as prompt lookup does in
+  tests/test_speculative.py's chi-square test."""
+  pvalue, s = _loop_pvalue(small_vocab, LOOP_TREE)
   assert s["accepted"] > 0.1 * N_LOOP and s["drafted"] > 2 * s["accepted"], s  # accept and reject
   assert pvalue > 1e-4, (pvalue, s)
 
