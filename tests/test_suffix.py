@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy import stats
 from test_trees import V, _joint_pvalue, _tables  # the chi-square suite's tables and test
-from toy_models import exact_continuation_probs, tiny_model
+from toy_models import exact_continuation_probs, tiny_config, tiny_model
 
 from specjax.drafters.suffix import (
   SEP,
@@ -351,3 +351,31 @@ def test_config_builds_the_method(arg, form, loop):
   assert later.draft_params.size == G and later.drafter is method.drafter
   other = Method("x", object(), ())  # a drafter without `cache_from_outputs` is left alone
   assert with_history(other, [[1]]) is other
+
+
+def test_runner_drafts_from_earlier_prompts_outputs():
+  """A prompt asked again later drafts from its own earlier answer (the runner's global cache of
+  earlier prompts' AR outputs), and still matches AR."""
+  from test_experiments import byte_tokenizer
+
+  from specjax.experiment.methods import Target, build_method
+  from specjax.experiment.runner import Runner
+  from specjax.experiment.settings import base_config, settings_from_config
+  from specjax.experiment.tasks import Prompt
+  from specjax.model import init_params
+
+  tok = byte_tokenizer()
+  cfg = tiny_config(vocab=tok.vocab_size, d_model=32, n_layers=2, max_position=512)
+  target = Target(init_params(jax.random.PRNGKey(0), cfg, scale=0.5), cfg, tok, "tiny")
+  c = base_config()
+  c.method, c.suffix.form, c.max_new_tokens, c.suffix.global_size = "suffix", "chain", 24, 512
+  settings = settings_from_config(c)
+  runner = Runner(target, [build_method(settings, target)], settings.generate_config(tok.stop_ids))
+  runner.log = lambda s: None
+  ask = Prompt("qa", 1, ("Where is Paris?",))
+  first = runner.run_prompt(ask)
+  assert len(runner.history) == 1 and runner.history[0]  # only after the prompt finished
+  again = runner.run_prompt(Prompt("qa", 2, ask.turns))
+  m1, m2 = first["methods"]["suffix_k4"], again["methods"]["suffix_k4"]
+  assert m1["same_as_ar"] and m2["same_as_ar"]
+  assert m2["tau"] > m1["tau"] + 1, (m1["tau"], m2["tau"])
