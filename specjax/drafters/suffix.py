@@ -71,12 +71,10 @@ class SuffixCache:
 
 
 def _runs(tokens: np.ndarray) -> np.ndarray:
-  run = np.zeros(len(tokens), np.int32)
-  n = 0
-  for g in range(len(tokens) - 1, -1, -1):
-    run[g] = n
-    n = 0 if tokens[g] == SEP else n + 1
-  return run
+  """Tokens after each position before the next SEP (or the end)."""
+  seps = np.flatnonzero(np.append(tokens == SEP, True))  # a virtual SEP past the end
+  g = np.arange(len(tokens))
+  return (seps[np.searchsorted(seps, g, side="right")] - g - 1).astype(np.int32)
 
 
 def suffix_cache_from_outputs(outputs: Sequence[Sequence[int]], size: int) -> SuffixCache:
