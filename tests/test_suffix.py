@@ -28,7 +28,7 @@ from specjax.generate import GenerateConfig, generate, pad_prompts
 from specjax.metrics import summarize
 from specjax.sampling import SamplingConfig, sample_from_logprobs
 from specjax.speculative import speculative_generate
-from specjax.tree_acceptance import TreePointMassRule
+from specjax.tree_acceptance import TreeGreedyRule, TreePointMassRule
 from specjax.tree_speculative import tree_speculative_generate
 
 # Positions: 0:5 1:1 2:2 3:3 4:9 5:1 6:2 7:4 8:8 9:1 10:2 11:3 12:7 13:1 14:2 (root). The suffix
@@ -125,6 +125,20 @@ def test_no_match_drafts_nothing():
   np.testing.assert_array_equal(t.depth, [0] * 6)
   _, _, n = _draft(SuffixDrafter(k=3), (), [4, 5, 6, 7])
   assert int(n) == 0
+
+
+def test_unused_slots_are_never_accepted():
+  """The tree of ROW with 2 drafted nodes ("3", "4") and 5 unused slots (token 0). They are nobody's
+  children (the rejection-sampling walk only visits children), see only themselves, and with all
+  the target's mass on token 0 after every node the greedy rule still accepts none of them."""
+  d = SuffixTreeDrafter(n_nodes=8, max_depth=4, spec_factor=1.0, min_prob=0.0)
+  one = jax.tree.map(lambda a: a[0], d.propose((), (), *_row(ROW), None, SamplingConfig()).tree)
+  assert (np.asarray(one.tokens[3:]) == 0).all()
+  assert not np.isin(np.asarray(one.children), range(3, 8)).any()
+  np.testing.assert_array_equal(np.asarray(one.mask)[3:], np.eye(8, dtype=bool)[3:])
+  logp = jnp.log(jax.nn.one_hot(jnp.zeros((8,), jnp.int32), 10) * 0.9 + 0.01)  # argmax 0
+  path, n, nxt = TreeGreedyRule()(None, one, logp, 4)
+  assert (int(n), int(path[0]), int(nxt)) == (0, 0, 0)
 
 
 def test_invalid_settings():
