@@ -29,7 +29,7 @@ from specjax.metrics import summarize
 from specjax.sampling import SamplingConfig, sample_from_logprobs
 from specjax.speculative import speculative_generate
 from specjax.tree_acceptance import TreeGreedyRule, TreePointMassRule
-from specjax.tree_speculative import tree_speculative_generate
+from specjax.tree_speculative import _tree_speculative, tree_speculative_generate
 
 # Positions: 0:5 1:1 2:2 3:3 4:9 5:1 6:2 7:4 8:8 9:1 10:2 11:3 12:7 13:1 14:2 (root). The suffix
 # "1 2" (preceded by 7) was seen ending at 10, 6 and 2 (preceded by 8, 9, 5): M = 2, three
@@ -212,6 +212,21 @@ def test_greedy_identical_to_ar(toy, drafter):
   # of the same model make drafts much better.
   assert taus["damped", "row"] > 1.1, taus
   assert taus["random", "global"] > taus["random", "row"] + 0.5, taus
+
+
+def test_no_host_callbacks_or_transfers_in_loop(toy):
+  """Drafting from the row and the global cache is inside the one XLA computation: no callbacks in
+  its jaxpr, no transfers when run (the greedy test's static arguments: its compiled loop)."""
+  cfg, P, L, gen, budgets, ar = toy
+  target, ar_tokens, ar_lens = ar["random"]
+  cache = TREE.cache_from_outputs([list(t[:n]) for t, n in zip(ar_tokens, ar_lens)])
+  args = (target, cache, P, L, budgets, jax.random.PRNGKey(0))
+  static = (cfg, TREE, TreeGreedyRule(), gen)
+  jaxpr = str(jax.make_jaxpr(_tree_speculative, static_argnums=(6, 7, 8, 9))(*args, *static))
+  assert "while" in jaxpr and "callback" not in jaxpr
+  _tree_speculative(*args, *static)
+  with jax.transfer_guard("disallow"):
+    jax.block_until_ready(_tree_speculative(*args, *static))
 
 
 # ---- T > 0, rule level: suffix trees under the chi-square suite of tests/test_trees.py ----------
