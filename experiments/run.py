@@ -140,11 +140,18 @@ def run_and_report(settings, source, prompts, target, method, log) -> None:
   text += f"\n- {skipped}" if skipped else ""
   text += "\n\n" + markdown(rows) + "\n"
   print("\n" + text)
-  with open(os.path.join(workdir, "summary.md"), "w") as f:
-    f.write(text)
-  write_csv(rows, os.path.join(workdir, "summary.csv"))
-  context = f"{target.name} on {source}, {settings.max_new_tokens} new tokens"
-  written = plots.write_plots(records, workdir, context)
+  try:
+    with open(os.path.join(workdir, "summary.md"), "w") as f:
+      f.write(text)
+    write_csv(rows, os.path.join(workdir, "summary.csv"))
+    context = f"{target.name} on {source}, {settings.max_new_tokens} new tokens"
+    written = plots.write_plots(records, workdir, context)
+  except OSError as e:
+    raise OSError(
+      e.errno,
+      f"cannot write the summary into {workdir} ({e.strerror}); records.jsonl keeps every "
+      "record: make room and rerun the same command to write it",
+    ) from e
   print(
     f"wrote {workdir}/summary.md, summary.csv, records.jsonl" + "".join(f", {p}" for p in written)
   )
