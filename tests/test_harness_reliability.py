@@ -21,7 +21,7 @@ from specjax.drafters import DraftModelDrafter
 from specjax.drafters.tree_draft_model import StaticTreeDrafter
 from specjax.experiment import plots, suites, tasks
 from specjax.experiment import runner as runner_lib
-from specjax.experiment.methods import Target, describe_method, static_tree
+from specjax.experiment.methods import Method, Target, describe_method, static_tree
 from specjax.experiment.settings import unknown_field_message
 from specjax.generate import GenerateConfig, pad_prompts
 from specjax.metrics import SpecMetrics, summarize
@@ -257,7 +257,7 @@ def test_eagle2_label_and_header_name_the_eagle_head(target):
   from specjax.experiment.methods import method_label
 
   assert method_label(s) == "eagle2_eagle1_n16"
-  method = types.SimpleNamespace(name="eagle2_eagle1_n16", loop="tree")
+  method = Method("eagle2_eagle1_n16", drafter=None, draft_params=(), loop="tree")
   text = describe_method(s, method)
   assert "EAGLE-2 dynamic tree drafted by the shipped EAGLE head eagle1-smollm2-135m" in text
   assert "draft smollm2" not in text  # the target is not the draft
