@@ -28,6 +28,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specjax.experiment import plots
+from specjax.experiment.calibrate import with_costs
 from specjax.experiment.methods import build_method, describe_method, load_target
 from specjax.experiment.runner import (
   Runner,
@@ -108,7 +109,7 @@ def set_up(log):
   check_settings(_WORKDIR.value, settings.as_dict())  # the workdir is writable, a resume matches
   t0 = time.perf_counter()
   target = load_target(settings.model, settings.dtype)
-  method = build_method(settings, target)
+  method = with_costs(settings, target, build_method(settings, target), log)  # adaptive: its costs
   log(f"loaded {settings.model} in {time.perf_counter() - t0:.1f} s")
   return settings, source, prompts, target, method
 

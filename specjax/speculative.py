@@ -7,6 +7,10 @@ Each iteration of the `lax.while_loop`:
   4. every row commits its own n_b + 1 tokens (truncated at a stop token or its budget): sequence
      buffer, cache length and drafter state advance per row; finished rows stay put.
 The loop ends when every row is done. Nothing syncs with the host inside it.
+
+With an `AdaptiveConfig` the loop instead picks K each step among precompiled step variants,
+including K = 0 (a plain AR step), from running acceptance estimates and a cost table
+(`specjax.adaptive`, `adaptive_loop` below).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from specjax import adaptive as adp
 from specjax.acceptance import GreedyRule, SpeculativeSamplingRule
 from specjax.config import ModelConfig
 from specjax.drafters.base import StepResult
@@ -43,11 +48,13 @@ class SpecOutput:
     tokens: [B, max_new_tokens] generated tokens (0 past `lengths`).
     lengths: [B] generated tokens per row, including the prefill's first token.
     metrics: per-row counters (see `specjax.metrics`).
+    adaptive: the K chosen per step and per row (adaptive mode only, else None).
   """
 
   tokens: jax.Array
   lengths: jax.Array
   metrics: SpecMetrics
+  adaptive: adp.AdaptiveTrace | None = None
 
 
 def hidden_layers_of(drafter) -> tuple[int, ...]:
@@ -110,8 +117,31 @@ def _spec_step(
   )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "rule", "gen"))
-def _speculative(params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen):
+def adaptive_loop(state, step_kw: dict, drafter, stateless: bool, adaptive, step_costs):
+  """`adp.run_adaptive` over one `_spec_step` per K > 0 (the drafter with k = K, its hidden
+  states padded to K_max + 1) and `adp.ar_step` for K = 0."""
+  width = drafter.k + 1  # drafter.k = K_max
+  gen, dp = step_kw["gen"], step_kw["draft_params"]
+  observe = adp.chain_observer(drafter, dp, width, stateless, gen.sampling)
+  ar = functools.partial(
+    adp.ar_step, params=step_kw["params"], cfg=step_kw["cfg"], gen=gen,
+    prompt_lens=step_kw["prompt_lens"], budgets=step_kw["budgets"], observe=observe,
+    hidden_layers=hidden_layers_of(drafter),
+  )  # fmt: skip
+
+  def make_step(k):
+    padded = adp.WidthPadded(dataclasses.replace(drafter, k=k), width)
+    return functools.partial(_spec_step, **{**step_kw, "drafter": padded})
+
+  steps = adp.branches(make_step, ar, adaptive.ks)
+  return adp.run_adaptive(state, steps, adaptive, step_costs, gen.max_new_tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "rule", "gen", "adaptive"))
+def _speculative(
+  params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen,
+  adaptive=None, step_costs=None,
+):  # fmt: skip
   B, Tp = prompts.shape
   capacity = gen.capacity or Tp + gen.max_new_tokens + drafter.k + 1 + drafter.capacity_slack()
   pre = prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers_of(drafter))
@@ -135,10 +165,15 @@ def _speculative(params, draft_params, prompts, prompt_lens, budgets, key, cfg, 
     prompt_lens=prompt_lens,
     budgets=budgets,
   )
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  trace = None
+  if adaptive is None:
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  else:
+    stateless = not jax.tree.leaves(draft_state)
+    state, trace = adaptive_loop(state, body.keywords, drafter, stateless, adaptive, step_costs)
   n_new = state.seq_len - prompt_lens
   tokens = extract_new_tokens(state.seq, prompt_lens, n_new, gen.max_new_tokens)
-  return SpecOutput(tokens, n_new, state.metrics)
+  return SpecOutput(tokens, n_new, state.metrics, trace)
 
 
 def speculative_generate(
@@ -152,6 +187,8 @@ def speculative_generate(
   rule=None,
   key: jax.Array | None = None,
   max_new_per_row: jax.Array | None = None,
+  adaptive: adp.AdaptiveConfig | None = None,
+  costs: adp.CostTable | None = None,
 ) -> SpecOutput:
   """Speculative decoding of a batch of prompts with any drafter and acceptance rule.
 
@@ -167,11 +204,19 @@ def speculative_generate(
       SpeculativeSamplingRule otherwise. GreedyRule needs temperature 0.
     key: PRNG key.
     max_new_per_row: optional [B] budgets.
+    adaptive: adaptive speculation (`specjax.adaptive`): each step picks K among
+      `adaptive.ks` (0 = an AR step); the drafter runs with k = K, and caches are sized for
+      K_max. None: every step drafts `drafter.k`.
+    costs: the cost table for `adaptive` (same choices); required with it.
 
   Returns:
-    A `SpecOutput` with tokens, lengths and per-row metrics.
+    A `SpecOutput` with tokens, lengths and per-row metrics (and the K trace when adaptive).
   """
   B, Tp = prompts.shape
+  step_costs = None
+  if adaptive is not None:
+    step_costs = adp.check_costs(adaptive, costs)
+    drafter = dataclasses.replace(drafter, k=max(*adaptive.ks, 1))
   if rule is None:
     rule = GreedyRule() if gen.sampling.greedy else SpeculativeSamplingRule()
   if isinstance(rule, GreedyRule) and not gen.sampling.greedy:
@@ -186,5 +231,6 @@ def speculative_generate(
   key = jax.random.PRNGKey(0) if key is None else key
   prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
   return _speculative(
-    params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen
-  )
+    params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen, adaptive,
+    step_costs,
+  )  # fmt: skip

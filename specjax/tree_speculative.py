@@ -11,6 +11,10 @@ Each iteration of the `lax.while_loop` (compare `specjax.speculative`, the chain
      every layer (one gather and one scatter per row), the rest are dropped by the cache length,
      and the drafter gets the target's hidden states along the accepted path.
 The loop ends when every row is done; nothing syncs with the host inside it.
+
+With an `AdaptiveConfig` (choices (0, max_depth)) each step instead runs either the tree step or a
+plain AR step, chosen on device from running per-row acceptance-per-depth estimates and a cost
+table (`specjax.adaptive`, `adaptive_tree_loop` below).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+from specjax import adaptive as adp
 from specjax.config import ModelConfig
 from specjax.generate import (
   GenerateConfig,
@@ -197,10 +202,24 @@ def tree_capacity(prompt_width: int, gen: GenerateConfig, drafter) -> int:
   )
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "rule", "gen"))
+def adaptive_tree_loop(state, step_kw: dict, stateless: bool, adaptive, step_costs):
+  """`adp.run_adaptive` over [`adp.ar_step`, `_tree_step`]: an AR step or the drafter's tree."""
+  drafter, gen = step_kw["drafter"], step_kw["gen"]
+  observe = adp.tree_observer(drafter, step_kw["draft_params"], stateless)
+  ar = functools.partial(
+    adp.ar_step, params=step_kw["params"], cfg=step_kw["cfg"], gen=gen,
+    prompt_lens=step_kw["prompt_lens"], budgets=step_kw["budgets"], observe=observe,
+    hidden_layers=hidden_layers_of(drafter),
+  )  # fmt: skip
+  tree = functools.partial(_tree_step, **step_kw)
+  return adp.run_adaptive(state, (ar, tree), adaptive, step_costs, gen.max_new_tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "drafter", "rule", "gen", "adaptive"))
 def _tree_speculative(
-  params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen
-):
+  params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen,
+  adaptive=None, step_costs=None,
+):  # fmt: skip
   B, Tp = prompts.shape
   capacity = tree_capacity(Tp, gen, drafter)
   pre = prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers_of(drafter))
@@ -223,10 +242,15 @@ def _tree_speculative(
     prompt_lens=prompt_lens,
     budgets=budgets,
   )
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  trace = None
+  if adaptive is None:
+    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  else:
+    stateless = not jax.tree.leaves(draft_state)
+    state, trace = adaptive_tree_loop(state, body.keywords, stateless, adaptive, step_costs)
   n_new = state.seq_len - prompt_lens
   tokens = extract_new_tokens(state.seq, prompt_lens, n_new, gen.max_new_tokens)
-  return SpecOutput(tokens, n_new, state.metrics)
+  return SpecOutput(tokens, n_new, state.metrics, trace)
 
 
 def default_tree_rule(drafter, sampling: SamplingConfig):
@@ -262,6 +286,8 @@ def tree_speculative_generate(
   rule=None,
   key: jax.Array | None = None,
   max_new_per_row: jax.Array | None = None,
+  adaptive: adp.AdaptiveConfig | None = None,
+  costs: adp.CostTable | None = None,
 ) -> SpecOutput:
   """Tree speculative decoding of a batch of prompts.
 
@@ -276,9 +302,13 @@ def tree_speculative_generate(
     rule: a tree rule (`specjax.tree_acceptance`); default from `default_tree_rule`.
     key: PRNG key.
     max_new_per_row: optional [B] budgets.
+    adaptive: adaptive speculation with choices (0, drafter.max_depth): each step is an AR step
+      or a tree step (`specjax.adaptive`); None: every step drafts a tree.
+    costs: the cost table for `adaptive`; required with it.
 
   Returns:
-    A `SpecOutput`; metrics count N - 1 drafted nodes per pass and per-depth acceptance.
+    A `SpecOutput`; metrics count N - 1 drafted nodes per pass and per-depth acceptance (and
+    the choice trace when adaptive).
   """
   B, Tp = prompts.shape
   rule = default_tree_rule(drafter, gen.sampling) if rule is None else rule
@@ -289,6 +319,12 @@ def tree_speculative_generate(
     budgets = jnp.minimum(budgets, jnp.asarray(max_new_per_row, jnp.int32))
   key = jax.random.PRNGKey(0) if key is None else key
   prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
+  step_costs = None
+  if adaptive is not None:
+    if adaptive.ks != (0, drafter.max_depth):
+      raise ValueError(f"the tree loop chooses K in (0, max_depth={drafter.max_depth})")
+    step_costs = adp.check_costs(adaptive, costs)
   return _tree_speculative(
-    params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen
-  )
+    params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen, adaptive,
+    step_costs,
+  )  # fmt: skip

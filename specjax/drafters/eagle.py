@@ -142,7 +142,7 @@ class EagleDrafter:
     B = seq.shape[0]
     keys = jax.random.split(key, self.k)
     c, m = state.cache.lengths, state.n_pending
-    tokens = read_rows(seq, c + 1, self.k + 1)
+    tokens = read_rows(seq, c + 1, state.pending.shape[1])  # K + 1 (K_max + 1 when adaptive)
     o, cache = cached_layer(
       params, layer_inputs(params, tokens, state.pending), state.cache, self.cfg
     )

@@ -161,5 +161,9 @@ class HeadTreeDrafter:
     h = step.hidden[jnp.arange(B), jnp.maximum(step.n_committed - 1, 0)].astype(jnp.float32)
     return HeadState(jnp.where((step.n_committed > 0)[:, None], h, state.h))
 
+  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key) -> HeadState:
+    """After an AR step of the adaptive loop: the heads need only its hidden state."""
+    return self.commit(params, state, new_seq, new_seq_len, step)
+
   def reorder(self, state: HeadState, rows: jax.Array) -> HeadState:
     return HeadState(state.h[rows])

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from specjax.acceptance import RULES
+from specjax.adaptive import AdaptiveConfig, CostTable
 from specjax.config import ModelConfig
 from specjax.drafters import (
   DraftModelDrafter,
@@ -55,6 +56,8 @@ class Method:
     loop: which decode loop runs it: "chain" (`specjax.speculative`), "tree"
       (`specjax.tree_speculative`) or "smc" (`specjax.smc`, with `smc` its settings).
     smc: SMC-SD settings (loop "smc" only).
+    adaptive: in-loop adaptive K (`specjax.adaptive`), or None for the drafter's fixed K.
+    costs: the adaptive loop's cost table (set by `specjax.experiment.calibrate.with_costs`).
   """
 
   name: str
@@ -63,6 +66,8 @@ class Method:
   rule: Any = None
   loop: str = "chain"
   smc: SMCSettings | None = None
+  adaptive: AdaptiveConfig | None = None
+  costs: CostTable | None = None
 
 
 def truncate_layers(params: Params, cfg: ModelConfig, n_layers: int) -> tuple[Params, ModelConfig]:
@@ -121,6 +126,8 @@ def describe_method(settings: ExperimentSettings, method: Method | None) -> str:
     text += f", EAGLE-2 dynamic tree drafted by the shipped EAGLE head {d.shipped}"
   elif d.shipped:
     text += f", shipped drafter {d.shipped}"
+  if method.adaptive is not None:
+    text += f", adaptive K in {method.adaptive.ks} (costs: {settings.adaptive.costs})"
   return text
 
 
@@ -216,6 +223,19 @@ def _suffix_method(settings: ExperimentSettings, name: str, rule) -> Method:
   return Method(name, drafter, drafter.cache_from_outputs([]), rule)
 
 
+def with_adaptive(method: Method, settings: ExperimentSettings) -> Method:
+  """`method` in adaptive mode: chain drafters draft K_max = max(adaptive.ks) (the loop runs them
+  with k = K per step), tree methods choose (0, max_depth); "_adaptive" ends the name."""
+  a = settings.adaptive
+  if method.loop == "tree":
+    ks, drafter, suffix = (0, method.drafter.max_depth), method.drafter, "_adaptive"
+  else:
+    ks, drafter = a.ks, dataclasses.replace(method.drafter, k=max(a.ks))
+    suffix = "_adaptive_" + "-".join(map(str, ks))
+  config = AdaptiveConfig(ks, a.prior_a, a.prior_b, a.decay)
+  return dataclasses.replace(method, name=method.name + suffix, drafter=drafter, adaptive=config)
+
+
 def build_method(
   settings: ExperimentSettings,
   target: Target,
@@ -231,6 +251,11 @@ def build_method(
   Raises:
     VocabularyMismatchError: if a draft model does not share the target's vocabulary.
   """
+  method = _build_method(settings, target, load_model)
+  return with_adaptive(method, settings) if method and settings.adaptive.on else method
+
+
+def _build_method(settings, target, load_model) -> Method | None:
   d, rule, name = settings.drafter, make_rule(settings.rule), method_label(settings)
   if settings.method == "ar":
     return None

@@ -91,12 +91,14 @@ class Generation:
     wall_s: seconds from the call to the result being ready (prefill included).
     metrics: speculative counters (None for AR).
     target_passes: target forward passes after prefill.
+    k_trace: adaptive methods: the K chosen at each step (None otherwise).
   """
 
   tokens: list[int]
   wall_s: float
   metrics: SpecMetrics | None
   target_passes: int
+  k_trace: list[int] | None = None
 
 
 class Runner:
@@ -127,9 +129,12 @@ class Runner:
         smc_config(method.smc, self.gen), key,
       )  # fmt: skip
     fn = tree_speculative_generate if method.loop == "tree" else speculative_generate
+    adaptive = {}
+    if method.adaptive is not None:
+      adaptive = {"adaptive": method.adaptive, "costs": method.costs}
     return fn(
       t.params, t.cfg, method.drafter, method.draft_params, prompts, lens, self.gen,
-      method.rule, key, budget,
+      method.rule, key, budget, **adaptive,
     )  # fmt: skip
 
   def run(self, method: Method | None, ids: Sequence[int], key: jax.Array) -> Generation:
@@ -159,7 +164,9 @@ class Runner:
     if method.loop == "smc":
       metrics = smc_metrics(out, method.drafter.k)
       return Generation(tokens, wall, metrics, int(out.target_passes[0]))
-    return Generation(tokens, wall, out.metrics, int(out.metrics.target_passes[0]))
+    return Generation(
+      tokens, wall, out.metrics, int(out.metrics.target_passes[0]), adaptive_trace(out.adaptive)
+    )
 
   def run_prompt(self, prompt: Prompt) -> dict:
     """All turns of `prompt` with AR and every method; returns its JSON record."""
@@ -229,6 +236,14 @@ def smc_metrics(out: SMCOutput, k: int) -> SpecMetrics:
   return SpecMetrics(passes, passes * k, emitted - whole, emitted, per_pos, per_pos)
 
 
+def adaptive_trace(trace) -> list[int] | None:
+  """The K of each step of an adaptive loop's `AdaptiveTrace` (batch 1: the row's steps)."""
+  if trace is None:
+    return None
+  ks = np.asarray(trace.ks)
+  return ks[np.asarray(trace.choices)[: int(trace.n_steps)]].tolist()
+
+
 def _totals(gens: Sequence[Generation]) -> dict:
   new = sum(len(g.tokens) for g in gens)
   wall = sum(g.wall_s for g in gens)
@@ -245,6 +260,10 @@ def _totals(gens: Sequence[Generation]) -> dict:
     out.update(summarize(total))
     out["accepted_at"] = np.asarray(total.accepted_at).sum(0).tolist()  # raw counts, for pooling
     out["reached_at"] = np.asarray(total.reached_at).sum(0).tolist()
+  if gens[0].k_trace is not None:  # adaptive: steps per chosen K (over turns) and each turn's Ks
+    counts = sorted(Counter(k for g in gens for k in g.k_trace).items())
+    out["k_steps"] = {str(k): n for k, n in counts}
+    out["k_trace"] = [g.k_trace for g in gens]
   return out
 
 

@@ -8,6 +8,7 @@ only ever sees that frozen object.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import ml_collections
 
@@ -80,6 +81,15 @@ def base_config() -> ml_collections.ConfigDict:
   # (`specjax.experiment.runner.prompt_width`): few compiled shapes.
   c.min_prompt_width = 64
   c.seed = 0
+  # In-loop adaptive speculation (`specjax.adaptive`) for any chain or tree method: each step picks
+  # K among adaptive_ks (0 = an AR step; tree methods choose an AR step or the tree) from per-row
+  # acceptance estimates and a cost table: "calibrate" (timed once per machine, model and drafter,
+  # cached under the specjax cache root) or a JSON file.
+  c.adaptive = False
+  c.adaptive_ks = "0,2,4"
+  c.adaptive_costs = "calibrate"
+  c.adaptive_prior = "1,1"  # Beta(a0, b0) prior of each row's acceptance rate
+  c.adaptive_decay = 0.95  # evidence kept per step (1: never forget)
   return c
 
 
@@ -127,6 +137,18 @@ class SMCSettings:
 
 
 @dataclasses.dataclass(frozen=True)
+class AdaptiveSettings:
+  """In-loop adaptive speculation (`specjax.adaptive`); `on` False runs the method's fixed K."""
+
+  on: bool = False
+  ks: tuple[int, ...] = (0, 2, 4)
+  costs: str = "calibrate"
+  prior_a: float = 1.0
+  prior_b: float = 1.0
+  decay: float = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentSettings:
   """A validated, immutable experiment description."""
 
@@ -146,12 +168,16 @@ class ExperimentSettings:
   min_prompt_width: int
   seed: int
   suffix: SuffixSettings = SuffixSettings()
+  adaptive: AdaptiveSettings = AdaptiveSettings()
 
   def generate_config(self, stop_tokens: tuple[int, ...]) -> GenerateConfig:
     return GenerateConfig(self.max_new_tokens, self.sampling, tuple(stop_tokens))
 
   def as_dict(self) -> dict:
-    return dataclasses.asdict(self)
+    d = dataclasses.asdict(self)
+    if not self.adaptive.on:  # runs without it keep the settings.json they had before it existed
+      d.pop("adaptive")
+    return d
 
 
 def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSettings:
@@ -192,6 +218,7 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     )
   if config.data.turns not in (1, 2):
     raise ValueError(f"config.data.turns must be 1 or 2, got {config.data.turns}")
+  adaptive = adaptive_settings(config)
   s = config.sampling
   return ExperimentSettings(
     model=config.model,
@@ -210,7 +237,45 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     min_prompt_width=int(config.min_prompt_width),
     seed=int(config.seed),
     suffix=SuffixSettings(**config.suffix.to_dict()),
+    adaptive=adaptive,
   )
+
+
+def adaptive_settings(config: ml_collections.ConfigDict) -> AdaptiveSettings:
+  """The adaptive_* fields, checked (they are checked even when `adaptive` is off).
+
+  Raises:
+    ValueError: naming the field, for a bad value or a method that cannot adapt.
+  """
+  try:
+    ks = tuple(int(k) for k in str(config.adaptive_ks).split(",") if k.strip())
+  except ValueError:
+    raise ValueError(
+      f"config.adaptive_ks={config.adaptive_ks!r}: comma-separated integers"
+    ) from None
+  if not ks or ks[0] != 0 or list(ks) != sorted(set(ks)) or len(ks) < 2:
+    raise ValueError(
+      f"config.adaptive_ks={config.adaptive_ks!r}: distinct ascending K starting at 0 (an AR step) "
+      "with at least one K > 0, e.g. 0,2,4"
+    )
+  try:
+    prior_a, prior_b = (float(x) for x in str(config.adaptive_prior).split(","))
+  except ValueError:
+    raise ValueError(
+      f"config.adaptive_prior={config.adaptive_prior!r}: two numbers a0,b0"
+    ) from None
+  if prior_a <= 0 or prior_b <= 0:
+    raise ValueError(f"config.adaptive_prior={config.adaptive_prior!r}: both must be > 0")
+  decay = float(config.adaptive_decay)
+  if not 0 < decay <= 1:
+    raise ValueError(f"config.adaptive_decay={decay}: must be in (0, 1]")
+  costs = str(config.adaptive_costs)
+  on = bool(config.adaptive)
+  if on and costs != "calibrate" and not os.path.isfile(costs):
+    raise ValueError(f"config.adaptive_costs={costs!r}: 'calibrate' or an existing JSON file")
+  if on and config.method in ("ar", "smc"):
+    raise ValueError(f"config.adaptive: method {config.method} has no draft length to adapt")
+  return AdaptiveSettings(on, ks, costs, prior_a, prior_b, decay)
 
 
 VARIANTS = ("", "full", "small")

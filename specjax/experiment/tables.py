@@ -10,6 +10,8 @@ Per category (and over all prompts):
   alpha_i                   per draft position: passes that accepted position i / passes that
                             reached it, pooled (in the CSV).
   same as AR                prompts whose output equals the AR baseline's token for token.
+  K chosen                  adaptive methods (`specjax.adaptive`): share of decode steps that ran
+                            each K (0 = an AR step), pooled.
 """
 
 from __future__ import annotations
@@ -45,7 +47,19 @@ def _rows_for(records: Sequence[dict], label: str, methods: Sequence[str]) -> li
         "same_as_ar": sum(bool(m["same_as_ar"]) for m in ms),
       }
     )
+    if all("k_steps" in m for m in ms):
+      rows[-1]["k_share"] = k_share([m["k_steps"] for m in ms])
   return rows
+
+
+def k_share(k_steps: Sequence[dict]) -> dict[str, float]:
+  """Pooled share of steps per chosen K, from records' {"K": steps} counts, by ascending K."""
+  total: dict[str, int] = {}
+  for d in k_steps:
+    for k, n in d.items():
+      total[k] = total.get(k, 0) + n
+  n_all = max(sum(total.values()), 1)
+  return {k: total[k] / n_all for k in sorted(total, key=int)}
 
 
 def method_names(records: Sequence[dict]) -> list[str]:
@@ -75,16 +89,18 @@ def markdown(rows: Sequence[dict]) -> str:
     lines = ["| category | prompts | AR tok/s |", "|---|---:|---:|"]
     lines += [f"| {r['category']} | {r['prompts']} | {r['ar_tok_s']:.2f} |" for r in rows]
     return "\n".join(lines)
+  adaptive = any("k_share" in r for r in rows)
   lines = [
     "| category | method | prompts | AR tok/s | method tok/s | speedup | tau | acceptance "
-    "| same as AR |",
-    "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    "| same as AR |" + " K chosen |" * adaptive,
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|" + "---|" * adaptive,
   ]
   for r in rows:
+    k = " ".join(f"{k}:{100 * v:.0f}%" for k, v in r.get("k_share", {}).items())
     lines.append(
       f"| {r['category']} | {r['method']} | {r['prompts']} | {r['ar_tok_s']:.2f} "
       f"| {r['tok_s']:.2f} | {r['speedup']:.2f}x | {r['tau']:.2f} | {r['acceptance_rate']:.3f} "
-      f"| {r['same_as_ar']}/{r['prompts']} |"
+      f"| {r['same_as_ar']}/{r['prompts']} |" + f" {k} |" * adaptive
     )
   return "\n".join(lines)
 
@@ -92,11 +108,14 @@ def markdown(rows: Sequence[dict]) -> str:
 def write_csv(rows: Sequence[dict], path: str) -> None:
   """Writes `summary_rows` to CSV; per-position alpha as alpha_1 .. alpha_K columns."""
   k = max((len(r.get("alpha_at", [])) for r in rows), default=0)
+  chosen = sorted({c for r in rows for c in r.get("k_share", {})}, key=int)
   fields = ["category", "method", "prompts", "ar_tok_s", "tok_s", "speedup", "tau"]
   fields += ["acceptance_rate", "same_as_ar"] + [f"alpha_{i + 1}" for i in range(k)]
+  fields += [f"share_k{c}" for c in chosen]
   with open(path, "w", newline="") as f:
     w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
     w.writeheader()
     for r in rows:
       alphas = {f"alpha_{i + 1}": a for i, a in enumerate(r.get("alpha_at", []))}
-      w.writerow({**r, **alphas})
+      shares = {f"share_k{c}": v for c, v in r.get("k_share", {}).items()}
+      w.writerow({**r, **alphas, **shares})

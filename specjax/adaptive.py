@@ -1,0 +1,476 @@
+"""Adaptive speculation inside the compiled loop: each step picks K (0 = a plain AR step) on device.
+
+Estimator (per row). Under the i.i.d. acceptance model of `specjax.k_policy` each drafted
+position is accepted with probability alpha_b. Row b keeps a Beta(a0, b0) prior and decayed counts
+of the evidence its steps gave: a step with K > 0 drafts that committed n drafts shows n accepted
+positions, plus one failure when n < K and the step also committed a correction token (a rejected
+draft, or a position the drafter had no proposal for: prompt-lookup misses fold into alpha, as in
+`k_policy.alpha_from_tokens_per_step`). A last step cut by a stop token or the budget shows no
+failure (the row is done anyway). K = 0 steps show nothing. Every step of a live row first
+multiplies its counts by `decay` (1.0: the plain Beta posterior), so old evidence fades back to the
+prior, which makes a row that stopped speculating try again once the prior alone would pay:
+
+    s_b <- decay * s_b + accepted_b,   f_b <- decay * f_b + failed_b,
+    alpha_b = (a0 + s_b) / (a0 + b0 + s_b + f_b).
+
+Decision (per batch). Among static choices K in {0, K_1, .., K_max}, with cost(K) = the measured
+time of a step with K drafts in units of one AR step (verify(K) + drafting; `CostTable`), pick
+
+    argmax_K  sum over live rows b of E(alpha_b, K) / cost(K),
+    E(alpha, K) = 1 + alpha + .. + alpha^K = (1 - alpha^(K+1)) / (1 - alpha),
+
+i.e. the most expected committed tokens per unit time; ties go to the smaller K. Every row then
+runs that step (one compiled step variant per K, picked by `lax.switch`), so per step the
+acceptance rule is exactly the fixed-K loop's and the output distribution is unchanged.
+
+The loop keeps the K chosen at each step (`AdaptiveTrace`). Decisions, estimates and traces are
+jnp arrays inside the `lax.while_loop`: nothing syncs with the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import platform
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from specjax.generate import is_stop
+from specjax.kv_cache import write_rows
+from specjax.model import forward
+
+
+@dataclasses.dataclass(frozen=True)
+class CostTable:
+  """Measured cost of one decode step per choice of K, in units of one AR step.
+
+  Attributes:
+    ks: the choices, ascending, starting with 0 (an AR step).
+    verify: verify[i] = a target pass over ks[i] + 1 tokens per row (over the drafter's tree for
+      the tree loop) relative to an AR step (so normally verify[0] = 1).
+    draft: draft[i] = drafting time of a step with ks[i] drafts; draft[0] is what an AR step spends
+      keeping the drafter's state current (0 for stateless drafters, see `chain_observer`).
+  """
+
+  ks: tuple[int, ...]
+  verify: tuple[float, ...]
+  draft: tuple[float, ...]
+
+  def __post_init__(self):
+    if not self.ks or self.ks[0] != 0 or list(self.ks) != sorted(set(self.ks)):
+      raise ValueError(f"choices must be distinct, ascending and start at 0, got {self.ks}")
+    if not len(self.verify) == len(self.draft) == len(self.ks):
+      raise ValueError("one verify and one draft cost per choice")
+    if min(self.verify) <= 0 or min(self.draft) < 0:
+      raise ValueError("verify costs must be > 0 and draft costs >= 0")
+
+  @property
+  def step_costs(self) -> tuple[float, ...]:
+    return tuple(v + d for v, d in zip(self.verify, self.draft))
+
+  def to_json(self) -> dict:
+    return {"ks": list(self.ks), "verify": list(self.verify), "draft": list(self.draft)}
+
+  @classmethod
+  def from_json(cls, d: Mapping) -> CostTable:
+    return cls(tuple(int(k) for k in d["ks"]), tuple(map(float, d["verify"])),
+               tuple(map(float, d["draft"])))  # fmt: skip
+
+
+def cost_table_from_rates(
+  ks: Sequence[int],
+  verify: Mapping[int, float],
+  draft_per_token: float = 0.0,
+  draft_fixed: float = 0.0,
+  observe: float = 0.0,
+) -> CostTable:
+  """A `CostTable` from verify(K) per K and the k_policy draft model: fixed + K * per_token.
+
+  Args:
+    ks: the choices (0 first).
+    verify: K -> verify cost relative to an AR step, for every K in ks.
+    draft_per_token: draft cost per drafted token (c), relative to an AR step.
+    draft_fixed: draft cost per speculative step independent of K.
+    observe: what an AR step of the adaptive loop spends on the drafter (draft[0]).
+  """
+  ks = tuple(int(k) for k in ks)
+  draft = tuple(observe if k == 0 else draft_fixed + k * draft_per_token for k in ks)
+  return CostTable(ks, tuple(float(verify[k]) for k in ks), draft)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveConfig:
+  """Static settings of adaptive speculation (hashable: a static argument of the jitted loops).
+
+  The cost table is not part of it: it enters the compiled loop as an array, so a new table
+  does not recompile.
+
+  Attributes:
+    ks: the choices, ascending, starting with 0 (for the tree loop (0, max_depth)).
+    prior_a, prior_b: the Beta prior of each row's alpha.
+    decay: evidence kept per step (1.0: never forget).
+  """
+
+  ks: tuple[int, ...] = (0, 2, 4)
+  prior_a: float = 1.0
+  prior_b: float = 1.0
+  decay: float = 0.95
+
+  def __post_init__(self):
+    if not self.ks or self.ks[0] != 0 or list(self.ks) != sorted(set(self.ks)):
+      raise ValueError(f"choices must be distinct, ascending and start at 0, got {self.ks}")
+    if self.prior_a <= 0 or self.prior_b <= 0 or not 0 < self.decay <= 1:
+      raise ValueError("need prior_a, prior_b > 0 and 0 < decay <= 1")
+
+
+# ---------------------------------------------------------------- estimator and decision (pure)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Estimate:
+  """Decayed evidence per row: successes (accepted positions) and failures, [B] float32 each."""
+
+  successes: jax.Array
+  failures: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int) -> Estimate:
+    z = jnp.zeros((batch,), jnp.float32)
+    return cls(z, z)
+
+
+def alpha_estimate(est: Estimate, prior_a: float, prior_b: float) -> jax.Array:
+  """[B] posterior mean of alpha: (a0 + s) / (a0 + b0 + s + f)."""
+  return (prior_a + est.successes) / (prior_a + prior_b + est.successes + est.failures)
+
+
+def update_estimate(
+  est: Estimate, k: jax.Array, kept: jax.Array, emitted: jax.Array, live: jax.Array, decay: float
+) -> Estimate:
+  """The estimate after one step with K = k drafts (see the module docstring).
+
+  Args:
+    est: the estimate before the step.
+    k: scalar K of the step (0: no evidence, only decay).
+    kept: [B] drafts the step committed.
+    emitted: [B] tokens the step committed.
+    live: [B] rows that ran the step (others are left as they are).
+    decay: evidence kept per step.
+  """
+  failed = ((kept < k) & (emitted > kept)).astype(jnp.float32)
+  s = decay * est.successes + kept.astype(jnp.float32)
+  f = decay * est.failures + failed
+  return Estimate(jnp.where(live, s, est.successes), jnp.where(live, f, est.failures))
+
+
+def expected_tokens(alpha: jax.Array, ks: Sequence[int]) -> jax.Array:
+  """E(alpha_b, K) = sum_{j <= K} alpha_b^j for each choice: [B, len(ks)] (exact at alpha = 1)."""
+  powers = alpha[:, None] ** jnp.arange(max(ks) + 1, dtype=jnp.float32)[None, :]
+  return jnp.cumsum(powers, 1)[:, jnp.asarray(ks)]
+
+
+def choose(
+  alpha: jax.Array, live: jax.Array, ks: Sequence[int], step_costs: jax.Array
+) -> jax.Array:
+  """Index into `ks` maximising sum_b live_b E(alpha_b, K) / cost(K); the first on ties.
+
+  Args:
+    alpha: [B] acceptance estimates.
+    live: [B] rows still decoding.
+    ks: the static choices.
+    step_costs: [len(ks)] cost of a step with each choice (`CostTable.step_costs`).
+  """
+  tokens = jnp.sum(jnp.where(live[:, None], expected_tokens(alpha, ks), 0.0), 0)
+  return jnp.argmax(tokens / jnp.asarray(step_costs, jnp.float32)).astype(jnp.int32)
+
+
+# ---------------------------------------------------------------- the loop
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AdaptiveTrace:
+  """What the adaptive loop chose.
+
+  Attributes:
+    counts: [B, len(ks)] steps each row ran (while live) with each choice.
+    choices: [T] index into ks of the choice at each step (-1 past `n_steps`); T = max_new_tokens,
+      which bounds the steps (every step commits a token to every live row).
+    n_steps: scalar, loop iterations.
+    ks: [len(ks)] the choices.
+  """
+
+  counts: jax.Array
+  choices: jax.Array
+  n_steps: jax.Array
+  ks: jax.Array
+
+
+def run_adaptive(
+  state: Any,
+  steps: Sequence[Callable[[Any], Any]],
+  config: AdaptiveConfig,
+  step_costs: jax.Array,
+  max_steps: int,
+) -> tuple[Any, AdaptiveTrace]:
+  """The decode loop with a per-step choice among `steps` (one per `config.ks`).
+
+  Args:
+    state: the loop state (`_SpecState` or `_TreeState`: fields seq, seq_len, done, metrics, ...).
+    steps: steps[i](state) -> state, one decode step with config.ks[i] drafts; every step returns
+      the same shapes and updates `state.metrics` (committed drafts in `accepted`).
+    config: the choices and the estimator.
+    step_costs: [len(config.ks)] the cost table (`CostTable.step_costs`).
+    max_steps: length of the per-step trace (the loop's step bound).
+
+  Returns:
+    The final state and the trace.
+  """
+  B, n = state.done.shape[0], len(config.ks)
+  ks = jnp.asarray(config.ks, jnp.int32)
+  trace = AdaptiveTrace(
+    jnp.zeros((B, n), jnp.int32), jnp.full((max_steps,), -1, jnp.int32), jnp.int32(0), ks
+  )
+
+  def body(carry):
+    s, est, tr = carry
+    live = ~s.done
+    alpha = alpha_estimate(est, config.prior_a, config.prior_b)
+    i = choose(alpha, live, config.ks, step_costs)
+    new = jax.lax.switch(i, steps, s)
+    kept = new.metrics.accepted - s.metrics.accepted
+    emitted = new.metrics.emitted - s.metrics.emitted
+    est = update_estimate(est, ks[i], kept, emitted, live, config.decay)
+    counts = tr.counts + (live[:, None] & (jnp.arange(n)[None, :] == i))
+    choices = tr.choices.at[jnp.minimum(tr.n_steps, max_steps - 1)].set(i)
+    return new, est, AdaptiveTrace(counts, choices, tr.n_steps + 1, ks)
+
+  carry = (state, Estimate.zeros(B), trace)
+  state, _, trace = jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), body, carry)
+  return state, trace
+
+
+def ar_step(s, *, params, cfg, gen, prompt_lens, budgets, observe, hidden_layers=()):
+  """One AR step in the speculative loops' state: every live row commits one target token.
+
+  Args:
+    s: `_SpecState` or `_TreeState` (same fields); the cache holds seq[:, :seq_len - 1].
+    params, cfg, gen, prompt_lens, budgets: as in the decode loops.
+    observe: observe(draft_state, seq, seq_len, new_seq, new_seq_len, n_committed, out) -> the
+      drafter's state after the step (`chain_observer`, `tree_observer`).
+    hidden_layers: target layers the drafter consumes.
+  """
+  key, k_obs, k_tok = jax.random.split(s.key, 3)
+  last = jnp.take_along_axis(s.seq, (s.seq_len - 1)[:, None], 1)
+  out = forward(params, last, s.cache, cfg, hidden_layers=hidden_layers)
+  nxt = gen.sampling.sample(k_tok, out.logits[:, 0])  # [B]
+  live = ~s.done
+  m = live.astype(jnp.int32)  # a live row has budget left
+  seq = write_rows(s.seq, nxt[:, None], s.seq_len)
+  seq_len = s.seq_len + m
+  done = s.done | (is_stop(nxt, gen.stop_tokens) & live) | (seq_len - prompt_lens >= budgets)
+  draft_state = observe(s.draft_state, s.seq, s.seq_len, seq, seq_len, m, out, k_obs)
+  zeros = jnp.zeros_like(m)
+  metrics = s.metrics.update(live, zeros, zeros, m)
+  cache = out.cache.with_lengths(seq_len - 1)
+  return dataclasses.replace(
+    s, seq=seq, seq_len=seq_len, cache=cache, draft_state=draft_state, done=done,
+    metrics=metrics, key=key,
+  )  # fmt: skip
+
+
+def pad_positions(x: jax.Array | None, width: int, axis: int) -> jax.Array | None:
+  """Zero-pads `x` along `axis` to `width` entries (None stays None)."""
+  if x is None or x.shape[axis] == width:
+    return x
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, width - x.shape[axis])
+  return jnp.pad(x, pad)
+
+
+def pad_step(step, width: int):
+  """A step result whose hidden states cover `width` positions (so drafter states built from them
+  have one shape for every K)."""
+  return dataclasses.replace(
+    step,
+    hidden=pad_positions(step.hidden, width, 1),
+    layer_hidden=pad_positions(step.layer_hidden, width, 2),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class WidthPadded:
+  """A chain drafter whose `commit` sees hidden states padded to `width` = K_max + 1 positions,
+  whatever K the step ran with (EAGLE keeps them as its next step's input)."""
+
+  inner: Any
+  width: int
+
+  @property
+  def k(self) -> int:
+    return self.inner.k
+
+  @property
+  def hidden_layers(self) -> tuple[int, ...]:
+    return tuple(getattr(self.inner, "hidden_layers", ()))
+
+  def capacity_slack(self) -> int:
+    return self.inner.capacity_slack()
+
+  def propose(self, params, state, seq, seq_len, key, sampling):
+    return self.inner.propose(params, state, seq, seq_len, key, sampling)
+
+  def commit(self, params, state, seq, seq_len, step):
+    return self.inner.commit(params, state, seq, seq_len, pad_step(step, self.width))
+
+
+def chain_observer(drafter, params, width: int, stateless: bool, sampling):
+  """How an AR step keeps a chain drafter's state current (the `observe` of `ar_step`).
+
+  Stateless drafters: nothing. Others: the drafter proposes one token, which is discarded, and
+  commits the step as a step whose draft was rejected (a draft model feeds its two-token catch-up
+  window, EAGLE its pending features): the cost of one short draft call, `CostTable.draft[0]`.
+  """
+  from specjax.drafters.base import StepResult
+
+  one = dataclasses.replace(drafter, k=1)
+
+  def observe(state, seq, seq_len, new_seq, new_seq_len, m, out, key):
+    if stateless:
+      return state
+    state = one.propose(params, state, seq, seq_len, key, sampling).state
+    step = StepResult(seq_len, jnp.zeros_like(m), m, out.hidden, out.layer_hidden)
+    return drafter.commit(params, state, new_seq, new_seq_len, pad_step(step, width))
+
+  return observe
+
+
+def tree_observer(drafter, params, stateless: bool):
+  """How an AR step keeps a tree drafter's state current: nothing for stateless drafters, else
+  the drafter's `observe(params, state, seq, seq_len, new_seq, new_seq_len, step, key)`.
+
+  Raises:
+    ValueError: for a stateful tree drafter without `observe`.
+  """
+  from specjax.tree_speculative import TreeStepResult
+
+  fn = getattr(drafter, "observe", None)
+  if not stateless and fn is None:
+    raise ValueError(f"{type(drafter).__name__} cannot skip a step (no `observe` method)")
+  P = drafter.max_depth + 1
+
+  def observe(state, seq, seq_len, new_seq, new_seq_len, m, out, key):
+    if stateless:
+      return state
+    zeros = jnp.zeros_like(m)
+    path = jnp.zeros((m.shape[0], P), jnp.int32)
+    step = TreeStepResult(seq_len, zeros, m, out.hidden, out.layer_hidden, path)
+    return fn(params, state, seq, seq_len, new_seq, new_seq_len, pad_step(step, P), key)
+
+  return observe
+
+
+# ---------------------------------------------------------------- cost tables: key and cache
+
+
+def machine_id() -> dict:
+  """What a measured cost table depends on besides the model: CPU model and accelerator kind."""
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          cpu = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  dev = jax.devices()[0]
+  return {
+    "cpu": cpu,
+    "device": f"{dev.platform} {dev.device_kind}",
+    "n_devices": jax.device_count(),
+  }
+
+
+def cost_key(model: str, dtype: str, batch: int, drafter: str, ks: Sequence[int], **extra) -> dict:
+  """The cache key of a calibrated cost table (`extra`: e.g. the prompt width it was timed at)."""
+  return {"model": model, "dtype": dtype, "batch": int(batch), "drafter": drafter,
+          "ks": [int(k) for k in ks], **extra, **machine_id()}  # fmt: skip
+
+
+def cost_path(key: Mapping, root: str | None = None) -> str:
+  """Where the table of `key` is cached: <cache root>/adaptive_costs/<sha256 of the key>.json."""
+  if root is None:
+    from specjax.loading.registry import cache_root
+
+    root = cache_root()
+  digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+  return os.path.join(root, "adaptive_costs", f"{digest}.json")
+
+
+def cached_costs(
+  key: Mapping, measure: Callable[[], CostTable], root: str | None = None, log=print
+) -> CostTable:
+  """The cost table cached under `key`, measuring (and caching) it first if absent.
+
+  A file whose stored key differs from `key` (a hash collision, a hand edit) is remeasured.
+  """
+  path = cost_path(key, root)
+  if os.path.exists(path):
+    with open(path) as f:
+      data = json.load(f)
+    if data.get("key") == json.loads(json.dumps(key)):
+      return CostTable.from_json(data["costs"])
+  table = measure()
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump({"key": key, "costs": table.to_json()}, f, indent=2, sort_keys=True)
+  os.replace(tmp, path)
+  log(f"adaptive: measured costs {table.to_json()} -> {path}")
+  return table
+
+
+def load_costs(path: str, ks: Sequence[int]) -> CostTable:
+  """A cost table from a JSON file: {"ks", "verify", "draft"} (a `CostTable`) or the k_policy form
+  {"verify": {K: cost}, "draft_per_token": c, "draft_fixed": f, "observe": o}, both relative to an
+  AR step."""
+  with open(path) as f:
+    d = json.load(f)
+  d = d.get("costs", d)
+  if "ks" in d:
+    table = CostTable.from_json(d)
+    if list(table.ks) != [int(k) for k in ks]:
+      raise ValueError(f"{path} has costs for K in {list(table.ks)}, not {list(ks)}")
+    return table
+  verify = {int(k): float(v) for k, v in d["verify"].items()}
+  missing = sorted(set(int(k) for k in ks) - set(verify))
+  if missing:
+    raise ValueError(f"{path} has no verify cost for K = {missing}")
+  return cost_table_from_rates(
+    ks, verify, d.get("draft_per_token", 0.0), d.get("draft_fixed", 0.0), d.get("observe", 0.0)
+  )
+
+
+def branches(make_step: Callable[[int], Callable], ar: Callable, ks: Sequence[int]):
+  """The `steps` of `run_adaptive`: `ar` for K = 0, make_step(K) for the others."""
+  return tuple(ar if k == 0 else make_step(k) for k in ks)
+
+
+def check_costs(config: AdaptiveConfig, costs: CostTable | None) -> jax.Array:
+  """The [len(ks)] step-cost array of `costs` for the loop.
+
+  Raises:
+    ValueError: if `costs` is missing or is for other choices.
+  """
+  if costs is None:
+    raise ValueError("adaptive speculation needs a cost table (costs=CostTable(...))")
+  if costs.ks != config.ks:
+    raise ValueError(f"the cost table is for K in {costs.ks}, the loop chooses among {config.ks}")
+  return jnp.asarray(costs.step_costs, jnp.float32)
