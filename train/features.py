@@ -9,7 +9,8 @@ Layout: a document is one prompt and its response, tokens x_0..x_{L-1} with feat
 where h_t is the target's state after reading x_0..x_t (so lm_head(h_t) is its distribution for
 x_{t+1}). The final generated token is not stored (it was never fed); its identity is
 argmax lm_head(h_{L-1}). Shards (one .npz per generated batch, written atomically) make the build
-resumable; `pack` concatenates them into flat memory-mapped arrays read by `FeatureStore`.
+resumable; `pack` concatenates them into flat memory-mapped arrays read by `FeatureStore`, records
+every packed file's sha256 (`seal`) and renames the directory into place only when complete.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import functools
 import glob
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 
@@ -28,6 +30,13 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.generate import init_sequence, is_stop, pad_prompts, prefill
+from specjax.integrity import (
+  CacheError,
+  file_records,
+  named_os_error,
+  verify_files,
+  write_json_atomic,
+)
 from specjax.model import Params, forward
 from train.prompts import TrainPrompt
 
@@ -109,9 +118,64 @@ def _batches(prompts: Sequence[TrainPrompt], batch_size: int) -> list[list[int]]
 
 
 def _write_npz(path: str, **arrays) -> None:
+  """Writes a shard atomically: a temporary file, fsynced, renamed; removed if the write fails
+  (a full disk, say), so a shard that exists is complete."""
   tmp = path + ".part.npz"
-  np.savez(tmp, **arrays)
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "wb") as f:
+      np.savez(f, **arrays)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    err = named_os_error(e, tmp)
+    if err is e:
+      raise
+    raise err from e
+
+
+CHECKSUMS = "checksums.json"
+
+
+def seal(directory: str) -> None:
+  """Records the size and sha256 of every file of a finished packed cache in `checksums.json`
+  (call it before the directory is renamed into place; `verify_sealed` checks it on use)."""
+  names = [n for n in os.listdir(directory) if n != CHECKSUMS]
+  write_json_atomic(os.path.join(directory, CHECKSUMS), file_records(directory, names))
+
+
+def verify_sealed(directory: str, fix: str) -> None:
+  """Checks a packed cache against its `checksums.json`.
+
+  Raises:
+    CacheError: for a missing checksums file (an unfinished or old cache) or a changed file.
+  """
+  path = os.path.join(directory, CHECKSUMS)
+  try:
+    with open(path) as f:
+      records = json.load(f)
+  except (OSError, ValueError) as e:
+    raise CacheError(
+      f"{path} is missing or unreadable ({e}); the cache is unverifiable; {fix}"
+    ) from e
+  verify_files(directory, records, fix)
+
+
+def open_memmap_allocated(path: str, dtype, shape: tuple[int, ...], mode: str = "w+"):
+  """`np.lib.format.open_memmap`, with the file's blocks allocated up front when it is created:
+  a full disk is then an OSError here, not a SIGBUS on some later write into the mapping."""
+  arr = np.lib.format.open_memmap(path, mode=mode, dtype=dtype, shape=shape)
+  if mode == "w+":
+    fd = os.open(path, os.O_RDWR)
+    try:
+      os.posix_fallocate(fd, 0, os.path.getsize(path))
+    except OSError as e:
+      raise named_os_error(e, path) from e
+    finally:
+      os.close(fd)
+  return arr
 
 
 def build_shards(
@@ -189,29 +253,35 @@ def pack(shard_dir: str, out_dir: str) -> float | None:
   N = int(sum(m["doc_lens"].sum() for m in metas))
   D, n_lay = metas[0]["D"], min(m["n_layers"] for m in metas)  # layers only if every shard has them
   tmp = out_dir + ".part"
-  os.makedirs(tmp, exist_ok=True)
-  mm = np.lib.format.open_memmap
-  tokens = mm(os.path.join(tmp, "tokens.npy"), "w+", np.int32, (N,))
-  hidden = mm(os.path.join(tmp, "hidden.npy"), "w+", np.float16, (N, D))
-  layers = mm(os.path.join(tmp, "layers.npy"), "w+", np.float16, (n_lay, N, D)) if n_lay else None
-  at = 0
-  for p in paths:
-    with np.load(p) as z:
-      n = z["tokens"].shape[0]
-      tokens[at : at + n] = z["tokens"]
-      hidden[at : at + n] = z["hidden"]
-      if layers is not None:
-        layers[:, at : at + n] = z["layers"][:n_lay]
-      at += n
-  for a in (tokens, hidden, layers):
-    if a is not None:
-      a.flush()
-  docs = {
-    k: np.concatenate([m[k] for m in metas]).tolist()
-    for k in ("doc_lens", "prompt_lens", "prompt_index", "heldout")
-  }
-  with open(os.path.join(tmp, "docs.json"), "w") as f:
-    json.dump(docs, f)
+  shutil.rmtree(tmp, ignore_errors=True)
+  os.makedirs(tmp)
+  try:
+    mm = open_memmap_allocated
+    tokens = mm(os.path.join(tmp, "tokens.npy"), np.int32, (N,))
+    hidden = mm(os.path.join(tmp, "hidden.npy"), np.float16, (N, D))
+    layers = mm(os.path.join(tmp, "layers.npy"), np.float16, (n_lay, N, D)) if n_lay else None
+    at = 0
+    for p in paths:
+      with np.load(p) as z:
+        n = z["tokens"].shape[0]
+        tokens[at : at + n] = z["tokens"]
+        hidden[at : at + n] = z["hidden"]
+        if layers is not None:
+          layers[:, at : at + n] = z["layers"][:n_lay]
+        at += n
+    for a in (tokens, hidden, layers):
+      if a is not None:
+        a.flush()
+    docs = {
+      k: np.concatenate([m[k] for m in metas]).tolist()
+      for k in ("doc_lens", "prompt_lens", "prompt_index", "heldout")
+    }
+    write_json_atomic(os.path.join(tmp, "docs.json"), docs, indent=None)
+    del tokens, hidden, layers
+    seal(tmp)
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)  # frees the space; the shards are kept
+    raise
   os.replace(tmp, out_dir)
   times = [m["gen_s"] for m in metas]
   return None if None in times else float(sum(times))

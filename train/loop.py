@@ -3,8 +3,9 @@
 `train` is deterministic given its inputs: batch s is a pure function of (seed, s) and nothing else
 is random, so a run stopped at any moment (even by SIGKILL) and restarted in the same work directory
 restores the last checkpoint and reproduces the loss curve an uninterrupted run would have drawn.
-Per-step metrics go to `metrics.jsonl` (one JSON object per line; a resumed run appends, so readers
-keep the last record of each step) and a progress line (step, loss, tokens/s, ETA) is logged.
+Per-step metrics go to `metrics.jsonl` (one JSON object per line); a resumed run first cuts the file
+back to the restored step (the steps after it are redone, so each step keeps one record) and then
+appends. A progress line (step, loss, tokens/s, ETA) is logged.
 """
 
 from __future__ import annotations
@@ -135,6 +136,29 @@ def read_metrics(path: str) -> list[dict]:
   return out
 
 
+def truncate_metrics(path: str, step: int) -> int:
+  """Keeps the records of steps <= `step` (a checkpoint's) and drops the rest: the steps after the
+  checkpoint are about to be redone, and a final evaluation is written again. Rewrites the file
+  atomically (a torn last line goes too). Returns how many records were dropped."""
+  if not os.path.exists(path):
+    return 0
+  records = read_metrics(path)
+  keep = [r for r in records if r.get("step", 0) <= step and not r.get("final")]
+  dropped = len(records) - len(keep)
+  tmp = path + ".tmp"
+  try:
+    with open(tmp, "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in keep)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise
+  return dropped
+
+
 def _to_float(tree) -> dict:
   return {k: float(v) for k, v in jax.device_get(tree).items()}
 
@@ -174,7 +198,11 @@ def train(
     state = ckpt.restore(jax.eval_shape(lambda: state))
     log(f"resumed from step {int(state.step)}")
   step_fn = make_train_step(objective, optimizer)
-  metrics = MetricsLog(os.path.join(workdir, "metrics.jsonl"))
+  metrics_path = os.path.join(workdir, "metrics.jsonl")
+  dropped = truncate_metrics(metrics_path, int(state.step))
+  if dropped:
+    log(f"metrics.jsonl: dropped {dropped} record(s) past step {int(state.step)} (redone now)")
+  metrics = MetricsLog(metrics_path)
   last = settings.steps if stop_after is None else min(settings.steps, stop_after)
   start = int(state.step)
   t0, tokens_seen = time.time(), 0

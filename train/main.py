@@ -10,6 +10,7 @@ Override any field with --config.FIELD=VALUE (e.g. --config.train.steps=200). Th
 `train.pipeline`; this file only wires flags to it.
 """
 
+import errno
 import os
 import sys
 import time
@@ -30,7 +31,37 @@ def log(line: str) -> None:
   print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
 
 
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+
+
+def _storage_error(e: BaseException) -> bool:
+  """A write that failed for lack of space or permission (orbax reports ENOSPC as ValueError)."""
+  if isinstance(e, OSError):
+    return e.errno in _STORAGE_ERRNOS
+  return isinstance(e, ValueError) and "RESOURCE_EXHAUSTED" in str(e)
+
+
 def main(argv):
+  from specjax.integrity import CacheError
+  from specjax.loading.keymap import CheckpointError
+
+  try:
+    _main(argv)
+  except (CacheError, CheckpointError) as e:
+    sys.exit(f"FATAL: {e}")
+  except (OSError, ValueError) as e:
+    if not _storage_error(e):
+      raise
+    full = getattr(e, "errno", None) in _STORAGE_ERRNOS[:3] or "RESOURCE_EXHAUSTED" in str(e)
+    fix = "free space" if full else "make it writable"
+    sys.exit(
+      f"FATAL: {type(e).__name__}: {e}\nNothing finished is lost (shards, packed caches and "
+      "checkpoints are written under temporary names and renamed when complete): "
+      f"{fix} or use another --workdir / data.cache_dir, then rerun the same command to resume."
+    )
+
+
+def _main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   from specjax.loading.registry import load_model

@@ -7,6 +7,7 @@ ml_collections config (see `configs/train_*.py` for the fields).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.drafters.draft_vocab import top_tokens
+from specjax.integrity import CacheError, differences, weights_fingerprint, write_json_atomic
 from specjax.loading.registry import load_model
 from train import features, objectives, prompts, sources, teacher_forced
 from train.data import Windows
@@ -123,81 +125,195 @@ def len_prompts_hint(s: RunSettings) -> int:
   return n // 4
 
 
-def _manifest(s: RunSettings, fingerprint: str, n_prompts: int) -> dict:
+# Bump when what a feature cache holds, or how it is built, changes: a cache of another version is
+# refused with the fix, never reused.
+FEATURE_CACHE_VERSION = 2
+
+
+def tokenizer_fingerprint(tokenizer) -> str | None:
+  """sha256 of what tokenization depends on: vocabulary, chat template, BOS/EOS and stop ids."""
+  if tokenizer is None:
+    return None
+  vocab = sorted(tokenizer.backend.get_vocab(with_added_tokens=True).items(), key=lambda kv: kv[1])
+  ids = [tokenizer.add_bos, tokenizer.bos_id, tokenizer.eos_id, list(tokenizer.stop_ids)]
+  blob = json.dumps([vocab, tokenizer.chat_template, ids])
+  return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def cache_identity(s: RunSettings, params, tcfg: ModelConfig, tokenizer) -> dict:
+  """What a feature cache must have been built from to serve run `s`: the code version, the target
+  (a fingerprint of its weights, its shapes, its tokenizer), the prompt recipe and the feature spec.
+  Checked every time a cache is opened (`check_identity`)."""
   spec = dataclasses.asdict(s.data.features)
   del spec["max_tokens"]  # only bounds the cache; growing it resumes the same shards
   recipe = dataclasses.asdict(s.data.recipe)
   del recipe["n_heldout"]  # the split is applied when the cache is opened
   return {
-    "target": s.target,
+    "format": FEATURE_CACHE_VERSION,
+    "target_weights": weights_fingerprint(params),
+    "target_config": {k: getattr(tcfg, k) for k in ("vocab_size", "d_model", "n_layers", "dtype")},
+    "tokenizer": tokenizer_fingerprint(tokenizer),
     "recipe": recipe,
     "synthetic_prompts": s.data.synthetic_prompts,
     "spec": {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()},
-    "prompts_sha256": fingerprint,
-    "n_prompts": n_prompts,
   }
+
+
+def rebuild_hint(cache_dir: str) -> str:
+  return (
+    f"delete {cache_dir} (rm -r) to rebuild it from this target, or set data.cache_dir to "
+    "another directory"
+  )
+
+
+def check_identity(cache_dir: str, manifest: dict | None, wanted: dict) -> None:
+  """Raises CacheError, listing every field that differs, unless `manifest` records `wanted`."""
+  hint = rebuild_hint(cache_dir)
+  if not manifest or "format" not in manifest:
+    raise CacheError(
+      f"{cache_dir} has no manifest recording which target weights, recipe and feature spec "
+      f"built it (written by an older specjax, or incomplete), so it cannot be verified; {hint}"
+    )
+  diff = differences({k: manifest.get(k, "<absent>") for k in wanted}, wanted)
+  if diff:
+    raise CacheError(
+      f"{cache_dir} holds features of something else than this run asks for (built for target "
+      f"{manifest.get('target')!r}):\n  " + "\n  ".join(diff) + f"\n{hint}"
+    )
+
+
+def _read_manifest(cache_dir: str) -> dict | None:
+  path = os.path.join(cache_dir, "manifest.json")
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except ValueError as e:
+    raise CacheError(f"{path} is not valid JSON ({e}); {rebuild_hint(cache_dir)}") from e
+
+
+def _open_verified(cache_dir: str, tcfg: ModelConfig, n_heldout: int) -> features.FeatureStore:
+  """The packed cache of `cache_dir`, after checking its files' checksums and shapes."""
+  packed = os.path.join(cache_dir, "packed")
+  hint = rebuild_hint(cache_dir)
+  features.verify_sealed(packed, hint)
+  store = features.FeatureStore.open(packed, n_heldout)
+  top = int(store.tokens.max()) if store.n_positions else 0
+  if store.hidden.shape[1] != tcfg.d_model or top >= tcfg.vocab_size:
+    raise CacheError(
+      f"{packed} holds features of width {store.hidden.shape[1]} and token ids up to {top}; the "
+      f"target has d_model {tcfg.d_model} and {tcfg.vocab_size} tokens; {hint}"
+    )
+  return store
 
 
 def ensure_features(
   s: RunSettings, params, tcfg, tokenizer, log
 ) -> tuple[features.FeatureStore, dict]:
-  """Opens the packed feature cache, building (or finishing) it first if needed."""
-  packed = os.path.join(s.data.cache_dir, "packed")
-  manifest_path = os.path.join(s.data.cache_dir, "manifest.json")
+  """Opens the packed feature cache, building (or finishing) it first if needed.
+
+  The cache's manifest must record this target's weights fingerprint, tokenizer, recipe and feature
+  spec, and its files their checksums; otherwise `CacheError` says what differs and how to rebuild.
+  """
+  cache_dir = s.data.cache_dir
+  packed = os.path.join(cache_dir, "packed")
+  manifest_path = os.path.join(cache_dir, "manifest.json")
   n_heldout = min(s.data.recipe.n_heldout, len_prompts_hint(s))
-  if os.path.exists(os.path.join(packed, "docs.json")):
-    with open(manifest_path) as f:
-      return features.FeatureStore.open(packed, n_heldout), json.load(f)
+  wanted = cache_identity(s, params, tcfg, tokenizer)
+  old = _read_manifest(cache_dir)
+  if os.path.exists(packed):
+    check_identity(cache_dir, old, wanted)
+    return _open_verified(cache_dir, tcfg, n_heldout), old
   if s.data.read_through_from:
-    return _read_through_cache(s, params, tcfg, n_heldout, log)
+    return _read_through_cache(s, wanted, tcfg, params, n_heldout, log)
   if s.data.synthetic_prompts:
     plist = _synthetic_prompts(s.data.synthetic_prompts, tcfg.vocab_size, s.data.recipe.seed)
   else:
     plist = prompts.build_prompts(s.data.recipe, tokenizer)
-  manifest = _manifest(s, prompts.fingerprint(plist), len(plist))
-  os.makedirs(s.data.cache_dir, exist_ok=True)
-  if os.path.exists(manifest_path):
-    with open(manifest_path) as f:
-      old = json.load(f)
-    old.pop("packed_positions", None)
-    old.pop("generation_s", None)
-    old.pop("generation_note", None)
-    if old != manifest:
-      raise ValueError(
-        f"{s.data.cache_dir} holds features of another recipe; use a new data.cache_dir\n"
-        f"cached: {old}\nwanted: {manifest}"
-      )
-  with open(manifest_path, "w") as f:
-    json.dump(manifest, f, indent=1)
+  manifest = {
+    "target": s.target,
+    **wanted,
+    "prompts_sha256": prompts.fingerprint(plist),
+    "n_prompts": len(plist),
+  }
+  shards = os.path.join(cache_dir, "shards")
+  if os.path.isdir(shards) and os.listdir(shards):  # resuming a build: it must be the same one
+    check_identity(cache_dir, old, {k: v for k, v in manifest.items() if k != "target"})
+  os.makedirs(cache_dir, exist_ok=True)
+  write_json_atomic(manifest_path, manifest)
   stops = tokenizer.stop_ids if tokenizer is not None else ()
-  shards = os.path.join(s.data.cache_dir, "shards")
   n = features.build_shards(params, tcfg, plist, stops, s.data.features, shards, n_heldout, log)
   manifest["generation_s"] = features.pack(shards, packed)
   manifest["packed_positions"] = n
-  with open(manifest_path, "w") as f:
-    json.dump(manifest, f, indent=1)
-  return features.FeatureStore.open(packed, n_heldout), manifest
+  write_json_atomic(manifest_path, manifest)
+  return _open_verified(cache_dir, tcfg, n_heldout), manifest
 
 
-def _read_through_cache(s: RunSettings, params, tcfg, n_heldout: int, log):
-  """Builds s.data.cache_dir from the documents of s.data.read_through_from, with the layers."""
+def _read_through_cache(s: RunSettings, wanted: dict, tcfg, params, n_heldout: int, log):
+  """Builds s.data.cache_dir from the documents of s.data.read_through_from, with the layers.
+
+  The source cache must have been built from the same target, recipe and spec (any layers)."""
   src = s.data.read_through_from
-  if not os.path.exists(os.path.join(src, "packed", "docs.json")):
+  if not os.path.exists(os.path.join(src, "packed")):
     raise FileNotFoundError(f"data.read_through_from={src} has no packed feature cache")
-  with open(os.path.join(src, "manifest.json")) as f:
-    manifest = json.load(f)
-  if manifest["target"] != s.target:
-    raise ValueError(f"{src} holds features of {manifest['target']}, not of {s.target}")
+  source = _read_manifest(src)
+  src_spec = dict((source or {}).get("spec", {}))
+  src_wanted = {
+    **wanted,
+    "spec": {**wanted["spec"], "hidden_layers": src_spec.get("hidden_layers")},
+  }
+  check_identity(src, source, src_wanted)
+  _open_verified(src, tcfg, None)
   docs = teacher_forced.cache_documents(os.path.join(src, "packed"))
   layers = tuple(s.data.features.hidden_layers)
-  manifest["spec"]["hidden_layers"] = list(layers)
-  manifest["read_through_from"] = src
+  manifest = {**source, **wanted, "read_through_from": src}
+  manifest.pop("read_through", None)
   os.makedirs(s.data.cache_dir, exist_ok=True)
   packed = os.path.join(s.data.cache_dir, "packed")
   manifest["read_through"] = teacher_forced.build(docs, packed, params, tcfg, layers, log=log)
-  with open(os.path.join(s.data.cache_dir, "manifest.json"), "w") as f:
-    json.dump(manifest, f, indent=1)
-  return features.FeatureStore.open(packed, n_heldout), manifest
+  write_json_atomic(os.path.join(s.data.cache_dir, "manifest.json"), manifest)
+  return _open_verified(s.data.cache_dir, tcfg, n_heldout), manifest
+
+
+RUN_FILE = "run.json"
+
+
+def check_workdir(workdir: str, s: RunSettings, manifest: dict) -> None:
+  """Records in `workdir/run.json` what a run trains on (target weights, data, objective, draft
+  vocabulary, seed), or checks that a resumed run is the same one: its checkpoints and vocabulary
+  are never reused for another target, data set or drafter. (train.steps and the optimisation
+  settings may change between resumes.)"""
+  wanted = {
+    "target_weights": manifest.get("target_weights"),
+    "data": {
+      k: manifest.get(k)
+      for k in ("format", "target_config", "recipe", "synthetic_prompts", "spec", "prompts_sha256")
+    },
+    "objective": s.objective,
+    "draft_vocab": s.data.draft_vocab,
+    "vocab_sharegpt_chars": s.data.vocab_sharegpt_chars,
+    "seed": s.train.seed,
+  }
+  path = os.path.join(workdir, RUN_FILE)
+  hint = f"use another --workdir, or delete {workdir} to start this run afresh"
+  if os.path.exists(path):
+    with open(path) as f:
+      have = json.load(f)
+    diff = differences({k: have.get(k, "<absent>") for k in wanted}, wanted)
+    if diff:
+      raise CacheError(
+        f"{workdir} holds a run of something else than this one (its checkpoints and draft "
+        "vocabulary would be reused):\n  " + "\n  ".join(diff) + f"\n{hint}"
+      )
+    return
+  started = [n for n in ("checkpoints", "d2t.npy") if os.path.exists(os.path.join(workdir, n))]
+  if started:
+    raise CacheError(
+      f"{workdir} holds {' and '.join(started)} but no {RUN_FILE} recording which target, data "
+      f"and drafter they belong to (an older specjax), so they cannot be verified; {hint}"
+    )
+  write_json_atomic(path, wanted)
 
 
 def sharegpt_response_counts(tokenizer, n_chars: int, vocab_size: int) -> np.ndarray:
@@ -243,6 +359,7 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
   store, manifest = ensure_features(s, params, tcfg, tok, log)
   objective = make_objective(s.objective, tcfg)
   os.makedirs(workdir, exist_ok=True)
+  check_workdir(workdir, s, manifest)
   vocab_path = os.path.join(workdir, "d2t.npy")
   if not os.path.exists(vocab_path):
     stops = tok.stop_ids if tok is not None else ()
@@ -250,7 +367,9 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     if s.data.vocab_sharegpt_chars and tok is not None:
       extra = sharegpt_response_counts(tok, s.data.vocab_sharegpt_chars, tcfg.vocab_size)
     d2t = draft_vocabulary(store, s.data.draft_vocab, tcfg.vocab_size, stops, extra)
-    np.save(vocab_path, d2t)
+    tmp = vocab_path + ".tmp.npy"
+    np.save(tmp, d2t)
+    os.replace(tmp, vocab_path)
   d2t = np.load(vocab_path)
   trainable, frozen = objective.init(jax.random.PRNGKey(s.train.seed), params, tcfg, d2t)
   fused = tuple(getattr(objective, "fuse_layers", ()))

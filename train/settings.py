@@ -7,18 +7,29 @@ possibly overridden) ConfigDict into typed settings.
 
 from __future__ import annotations
 
+import os
+
 import ml_collections
+
+from specjax.loading.registry import cache_root
 
 SMOLLM2 = "smollm2-135m-instruct"
 # The self-distilled SmolLM2 cache every shipped drafter was trained on (outside the repository).
-SMOLLM2_CACHE = "~/.cache/specjax/features/smollm2-v1"
+SMOLLM2_FEATURES = "smollm2-v1"
+
+
+def feature_cache(name: str) -> str:
+  """A feature-cache directory under the cache root (`$SPECJAX_CACHE`, else `~/.cache/specjax`)."""
+  return os.path.join(cache_root(), "features", name)
 
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.target = SMOLLM2  # registry name or Hugging Face directory of the frozen target
   c.data = ml_collections.ConfigDict()
-  c.data.cache_dir = SMOLLM2_CACHE
+  # Its manifest records the target's weights fingerprint, recipe and spec; a cache built from
+  # anything else is refused (delete it or point this elsewhere).
+  c.data.cache_dir = feature_cache(SMOLLM2_FEATURES)
   c.data.synthetic_prompts = 0  # > 0: random-token prompts instead of the recipe (tests)
   c.data.draft_vocab = 8192  # Vd
   c.data.vocab_sharegpt_chars = 4_000_000  # ranks draft-vocabulary tokens the data lacks
@@ -84,7 +95,7 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str) -> ml_collections
   """ "" is the full run; "tiny" a seconds-long run on a tiny target (set config.target)."""
   if arg == "tiny":
     config.target = ""  # tests point this at a tiny Hugging Face directory
-    config.data.cache_dir = "/tmp/specjax_tiny_features"
+    config.data.cache_dir = feature_cache("tiny-synthetic")
     config.data.synthetic_prompts = 64
     config.data.draft_vocab = 48
     config.data.vocab_sharegpt_chars = 0

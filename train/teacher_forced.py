@@ -5,8 +5,9 @@ Decoding a response records features one token per target step; reading a finish
 a packed cache (`train.features.FeatureStore` layout) from given documents that way, e.g. the
 documents of the self-distilled cache, to add the layer outputs an EAGLE-3 head fuses.
 
-The build is resumable: chunks of documents are written in order into memory-mapped arrays and a
-progress file records how many chunks are done.
+The build is resumable: chunks of documents are written in order into memory-mapped arrays (their
+blocks allocated up front, so a full disk is an error at the start) and a progress file, replaced
+atomically, records how many chunks are done; the finished directory records its files' sha256.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
+from specjax.integrity import write_json_atomic
 from specjax.kv_cache import init_cache
 from specjax.model import Params, forward
-from train.features import FeatureStore
+from train.features import FeatureStore, open_memmap_allocated, seal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,12 +105,10 @@ def build(
       done = json.load(f)["chunks_done"]
   mode = "r+" if done else "w+"
   os.makedirs(tmp, exist_ok=True)
-  mm = functools.partial(np.lib.format.open_memmap, mode=mode)
-  tokens = mm(os.path.join(tmp, "tokens.npy"), dtype=np.int32, shape=(N,))
-  hidden = mm(os.path.join(tmp, "hidden.npy"), dtype=np.float16, shape=(N, D))
-  layers = (
-    mm(os.path.join(tmp, "layers.npy"), dtype=np.float16, shape=(n_lay, N, D)) if n_lay else None
-  )
+  mm = functools.partial(open_memmap_allocated, mode=mode)
+  tokens = mm(os.path.join(tmp, "tokens.npy"), np.int32, (N,))
+  hidden = mm(os.path.join(tmp, "hidden.npy"), np.float16, (N, D))
+  layers = mm(os.path.join(tmp, "layers.npy"), np.float16, (n_lay, N, D)) if n_lay else None
   t0, new = time.time(), 0
   for c in range(done, len(chunks)):
     T, ids = chunks[c]
@@ -127,8 +127,7 @@ def build(
     for a in (tokens, hidden, layers):
       if a is not None:
         a.flush()
-    with open(progress_path, "w") as f:
-      json.dump({"chunks_done": c + 1}, f)
+    write_json_atomic(progress_path, {"chunks_done": c + 1})
     new += int(lens[ids].sum())
     rate = new / (time.time() - t0)
     left = int(lens[[d for _, i in chunks[c + 1 :] for d in i]].sum()) if c + 1 < len(chunks) else 0
@@ -141,10 +140,10 @@ def build(
     "prompt_index": [d.prompt_index for d in documents],
     "heldout": [d.heldout for d in documents],
   }
-  with open(os.path.join(tmp, "docs.json"), "w") as f:
-    json.dump(docs, f)
+  write_json_atomic(os.path.join(tmp, "docs.json"), docs, indent=None)
   os.remove(progress_path)
   del tokens, hidden, layers
+  seal(tmp)
   os.replace(tmp, out_dir)
   seconds = time.time() - t0
   return {"positions": N, "seconds": seconds, "positions_per_s": new / max(seconds, 1e-9)}

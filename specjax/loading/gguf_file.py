@@ -8,6 +8,7 @@ RoPE; we undo that so the weights are in the Hugging Face rotate-half layout `sp
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -122,6 +123,32 @@ def _dequantized(reader: Any) -> Iterator[tuple[str, np.ndarray]]:
     yield t.name, np.asarray(arr, np.float32)
 
 
+def open_gguf(path: str) -> Any:
+  """An open `gguf.GGUFReader`, after checking that every tensor's bytes lie inside the file.
+
+  Raises:
+    CheckpointError: naming the file, its size and the first tensor that does not fit, for a
+      truncated file or one that is not GGUF (the reader's own errors name neither).
+  """
+  import gguf
+
+  size = os.path.getsize(path)
+  fix = "the file is truncated or corrupt; download it again"
+  try:
+    reader = gguf.GGUFReader(path)
+  except (ValueError, IndexError, KeyError, OverflowError, TypeError) as e:
+    raise CheckpointError(
+      f"{path} ({size} bytes) is not a complete GGUF file ({type(e).__name__}: {e}); {fix}"
+    ) from e
+  for t in reader.tensors:
+    end = int(t.data_offset) + int(t.n_bytes)
+    if end > size or t.data.nbytes != int(t.n_bytes):
+      raise CheckpointError(
+        f"{path} ({size} bytes) ends before tensor {t.name!r}, which needs bytes up to {end}; {fix}"
+      )
+  return reader
+
+
 def load_gguf(path: str, dtype: str = "float32") -> tuple[Params, ModelConfig]:
   """Loads a Llama or Qwen2 GGUF file, dequantizing every tensor, strictly.
 
@@ -133,12 +160,10 @@ def load_gguf(path: str, dtype: str = "float32") -> tuple[Params, ModelConfig]:
     (params, cfg) in the Hugging Face layout.
 
   Raises:
-    CheckpointError: for an unsupported architecture, or a missing, unexpected, duplicated or
-      mis-shaped tensor.
+    CheckpointError: for a truncated file, an unsupported architecture, or a missing, unexpected,
+      duplicated, mis-shaped or non-finite tensor.
   """
-  import gguf
-
-  reader = gguf.GGUFReader(path)
+  reader = open_gguf(path)
   cfg = config_from_gguf(reader, dtype=dtype)
   permuted = SUPPORTED_ARCHITECTURES[read_metadata(reader, "general.architecture")]
   heads = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads}

@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 
 import numpy as np
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from specjax.config import ModelConfig
 from specjax.loading.keymap import HF_NAMES, CheckpointError, build_params
@@ -35,10 +35,25 @@ def safetensors_files(directory: str) -> list[str]:
 
 
 def iter_safetensors(paths: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+  """(name, array) of every tensor of the files, in order.
+
+  Raises:
+    CheckpointError: naming the file (and tensor) when a file is truncated or not safetensors.
+  """
   for path in paths:
-    with safe_open(path, framework="flax") as f:
+    fix = "it is truncated or corrupt; download or convert the checkpoint again"
+    try:
+      handle = safe_open(path, framework="flax")
+    except (SafetensorError, OSError) as e:
+      size = os.path.getsize(path) if os.path.exists(path) else 0
+      raise CheckpointError(f"cannot read {path} ({size} bytes): {e}; {fix}") from e
+    with handle as f:
       for name in f.keys():
-        yield name, f.get_tensor(name)
+        try:
+          arr = f.get_tensor(name)
+        except (SafetensorError, OSError) as e:
+          raise CheckpointError(f"cannot read tensor {name!r} of {path}: {e}; {fix}") from e
+        yield name, arr
 
 
 def load_hf(directory: str, dtype: str = "float32") -> tuple[Params, ModelConfig]:

