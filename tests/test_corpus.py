@@ -97,3 +97,16 @@ def test_manifest_mismatch_is_an_error(toy, tmp_path):
   corpus.check_manifest(out, {"target": "a", "max_new_tokens": 12})
   with pytest.raises(ValueError, match="target: 'a' there, 'b' now"):
     corpus.check_manifest(out, {"target": "b", "max_new_tokens": 12})
+
+
+def test_prompt_list_rebuilt_from_its_order(smollm2):
+  """A packed corpus's (source, index) order rebuilds the same prompts (GSM8K part; ShareGPT by
+  conversation index goes through the same path)."""
+  from train import sources
+
+  questions = sources.gsm8k_questions(sources.read_bytes(sources.GSM8K_TRAIN))
+  order = [["gsm8k_train", 7], ["gsm8k_train", 2]]
+  plist = corpus.prompts_from_order(order, smollm2.tokenizer, 0.97)
+  assert [p.text for p in plist] == [questions[7], questions[2]]
+  want = smollm2.tokenizer.encode_chat([{"role": "user", "content": questions[2]}])
+  assert list(plist[1].tokens) == want

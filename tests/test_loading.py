@@ -453,5 +453,6 @@ def test_chat_template_is_sandboxed(tmp_path):
   )
   tok = Tokenizer.from_gguf(path)
   tok.chat_template = "{{ messages.__class__.__mro__[1].__subclasses__() }}"
-  with pytest.raises(SecurityError):
+  with pytest.raises(ValueError, match="chat template error") as err:
     tok.apply_chat_template([{"role": "user", "content": "x"}])
+  assert isinstance(err.value.__cause__, SecurityError)  # the sandbox refused, not a typo

@@ -392,6 +392,9 @@ def pack_corpus(out_dir: str, path: str, prompts: Sequence[TrainPrompt], n_heldo
     sources=[prompts[i].source for i in idx],
     source_index=[prompts[i].index for i in idx],
     prompt_sha256=[prompt_sha256(prompts[i].text) for i in idx],
+    # The whole prompt list in order (answered or not), so that generation can continue from this
+    # file on another machine without rebuilding the list through the filters.
+    prompt_order=[[p.source, p.index] for p in prompts],
     sha256=digest,
   )
   with open(path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json", "w") as f:
@@ -462,3 +465,32 @@ def seed_from_packed(out_dir: str, path: str, manifest: dict) -> int:
     ],
   )
   return len(docs)
+
+
+def prompts_from_order(order: Sequence[Sequence], tokenizer, min_ascii: float) -> list[TrainPrompt]:
+  """Rebuilds a prompt list from its (source, index) pairs (`pack_corpus`'s `prompt_order`).
+
+  ShareGPT indices are conversation indices (the first human turn is the prompt), GSM8K train
+  indices are question indices; texts come from the pinned sources and are encoded with the
+  target's chat template as when the list was built; `min_ascii` is the recipe's (ShareGPT turns
+  are deduplicated among those that pass it).
+  """
+  from train import prompts as prompt_recipe
+  from train import sources
+
+  texts = {"sharegpt": {}, "gsm8k_train": {}}
+  wanted = {(s, int(i)) for s, i in order}
+  if any(s == "sharegpt" for s, _ in wanted):
+    data = sources.read_bytes(sources.SHAREGPT)
+    for i, text in prompt_recipe.sharegpt_first_turns(data, min_ascii):
+      if ("sharegpt", i) in wanted:
+        texts["sharegpt"][i] = text
+  if any(s == "gsm8k_train" for s, _ in wanted):
+    questions = sources.gsm8k_questions(sources.read_bytes(sources.GSM8K_TRAIN))
+    texts["gsm8k_train"] = dict(enumerate(questions))
+  out = []
+  for source, i in order:
+    text = texts[source][int(i)]
+    tokens = tokenizer.encode_chat([{"role": "user", "content": text}])
+    out.append(TrainPrompt(source, int(i), text, tuple(tokens)))
+  return out

