@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
 
+from specjax import integrity  # noqa: E402
 from specjax.loading import registry  # noqa: E402
 from train import corpus, prompts  # noqa: E402
 
@@ -87,7 +88,7 @@ def main(argv):
     version=corpus.CORPUS_VERSION,
     target=_TARGET.value,
     target_source_sha256=model.sha256 if model else "",
-    converter_version=registry.CONVERTER_VERSION,
+    target_weights=integrity.weights_fingerprint(params),
     dtype=_DTYPE.value,
     decoding="greedy",
     max_new_tokens=engine.max_new_tokens,
