@@ -20,7 +20,7 @@ time of a step with K drafts in units of one AR step (verify(K) + drafting; `Cos
     E(alpha, K) = 1 + alpha + .. + alpha^K = (1 - alpha^(K+1)) / (1 - alpha),
 
 i.e. the most expected committed tokens per unit time; ties go to the smaller K. Every row then
-runs that step (one compiled step variant per K, picked by `lax.switch`), so per step the
+runs that step (one compiled step variant per K, picked on device by `run_one_of`), so per step the
 acceptance rule is exactly the fixed-K loop's and the output distribution is unchanged.
 
 The loop keeps the K chosen at each step (`AdaptiveTrace`). Decisions, estimates and traces are
@@ -54,7 +54,8 @@ class CostTable:
     verify: verify[i] = a target pass over ks[i] + 1 tokens per row (over the drafter's tree for
       the tree loop) relative to an AR step (so normally verify[0] = 1).
     draft: draft[i] = drafting time of a step with ks[i] drafts; draft[0] is what an AR step spends
-      keeping the drafter's state current (0 for stateless drafters, see `chain_observer`).
+      keeping the drafter's state current (0 for stateless and lazily caught-up drafters, see
+      `observer`).
   """
 
   ks: tuple[int, ...]
@@ -212,6 +213,21 @@ class AdaptiveTrace:
   ks: jax.Array
 
 
+def run_one_of(i: jax.Array, steps: Sequence[Callable[[Any], Any]], state: Any) -> Any:
+  """steps[i](state), for a traced i: `lax.switch` semantics, as one `while_loop` per step that
+  runs once or not at all.
+
+  Why not `lax.switch`: XLA cannot update a conditional's operands in place, so every step copied
+  the KV caches into and out of the chosen branch (4 cache-sized copies per step in the compiled
+  CPU loop); a while loop's carry is updated in place (none; `tests/test_adaptive.py` checks).
+  """
+  for j, step in enumerate(steps):
+    state, _ = jax.lax.while_loop(
+      lambda c: c[1], lambda c, f=step: (f(c[0]), False), (state, i == j)
+    )
+  return state
+
+
 def run_adaptive(
   state: Any,
   steps: Sequence[Callable[[Any], Any]],
@@ -243,7 +259,7 @@ def run_adaptive(
     live = ~s.done
     alpha = alpha_estimate(est, config.prior_a, config.prior_b)
     i = choose(alpha, live, config.ks, step_costs)
-    new = jax.lax.switch(i, steps, s)
+    new = run_one_of(i, steps, s)
     kept = new.metrics.accepted - s.metrics.accepted
     emitted = new.metrics.emitted - s.metrics.emitted
     est = update_estimate(est, ks[i], kept, emitted, live, config.decay)
@@ -263,7 +279,7 @@ def ar_step(s, *, params, cfg, gen, prompt_lens, budgets, observe, hidden_layers
     s: `_SpecState` or `_TreeState` (same fields); the cache holds seq[:, :seq_len - 1].
     params, cfg, gen, prompt_lens, budgets: as in the decode loops.
     observe: observe(draft_state, seq, seq_len, new_seq, new_seq_len, n_committed, out) -> the
-      drafter's state after the step (`chain_observer`, `tree_observer`).
+      drafter's state after the step (`observer`).
     hidden_layers: target layers the drafter consumes.
   """
   key, k_obs, k_tok = jax.random.split(s.key, 3)
@@ -305,73 +321,68 @@ def pad_step(step, width: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class WidthPadded:
-  """A chain drafter whose `commit` sees hidden states padded to `width` = K_max + 1 positions,
-  whatever K the step ran with (EAGLE keeps them as its next step's input)."""
+class Adapted:
+  """A drafter as the adaptive loop's speculative steps run it.
+
+  `propose` first catches the drafter's state up with the tokens the AR steps committed, for a
+  drafter with `catch_up(params, state, seq, seq_len, width)` (draft models: their caches are fed
+  lazily, so AR steps cost them nothing); `commit` sees hidden states padded to `width` positions
+  whatever K the step ran (EAGLE keeps them as the next step's input, so its state has one shape).
+  Every other attribute is the drafter's.
+  """
 
   inner: Any
   width: int
 
-  @property
-  def k(self) -> int:
-    return self.inner.k
-
-  @property
-  def hidden_layers(self) -> tuple[int, ...]:
-    return tuple(getattr(self.inner, "hidden_layers", ()))
-
-  def capacity_slack(self) -> int:
-    return self.inner.capacity_slack()
+  def __getattr__(self, name):
+    if name == "inner":  # not yet set (copy, unpickling)
+      raise AttributeError(name)
+    return getattr(self.inner, name)
 
   def propose(self, params, state, seq, seq_len, key, sampling):
+    if hasattr(self.inner, "catch_up"):
+      state = self.inner.catch_up(params, state, seq, seq_len, self.width)
     return self.inner.propose(params, state, seq, seq_len, key, sampling)
 
   def commit(self, params, state, seq, seq_len, step):
     return self.inner.commit(params, state, seq, seq_len, pad_step(step, self.width))
 
 
-def chain_observer(drafter, params, width: int, stateless: bool, sampling):
-  """How an AR step keeps a chain drafter's state current (the `observe` of `ar_step`).
+def observer(drafter, params, width: int, stateless: bool, sampling, tree: bool = False):
+  """How an AR step of the adaptive loop keeps the drafter's state current (`ar_step`'s observe).
 
-  Stateless drafters: nothing. Others: the drafter proposes one token, which is discarded, and
-  commits the step as a step whose draft was rejected (a draft model feeds its two-token catch-up
-  window, EAGLE its pending features): the cost of one short draft call, `CostTable.draft[0]`.
-  """
-  from specjax.drafters.base import StepResult
-
-  one = dataclasses.replace(drafter, k=1)
-
-  def observe(state, seq, seq_len, new_seq, new_seq_len, m, out, key):
-    if stateless:
-      return state
-    state = one.propose(params, state, seq, seq_len, key, sampling).state
-    step = StepResult(seq_len, jnp.zeros_like(m), m, out.hidden, out.layer_hidden)
-    return drafter.commit(params, state, new_seq, new_seq_len, pad_step(step, width))
-
-  return observe
-
-
-def tree_observer(drafter, params, stateless: bool):
-  """How an AR step keeps a tree drafter's state current: nothing for stateless drafters, else
-  the drafter's `observe(params, state, seq, seq_len, new_seq, new_seq_len, step, key)`.
+  In order: stateless drafters (prompt lookup, suffix) and drafters that catch up lazily (draft
+  models, see `Adapted`): nothing. Drafters with `observe(params, state, seq, seq_len, new_seq,
+  new_seq_len, step, key)` (EAGLE: one head-layer pass over its pending features; Medusa: the new
+  hidden state): that, given the AR step as a step whose draft was rejected. Other chain drafters:
+  a discarded k = 1 proposal, then that commit. The cost is `CostTable.draft[0]`.
 
   Raises:
-    ValueError: for a stateful tree drafter without `observe`.
+    ValueError: for a stateful tree drafter with neither `catch_up` nor `observe`.
   """
+  from specjax.drafters.base import StepResult
   from specjax.tree_speculative import TreeStepResult
 
   fn = getattr(drafter, "observe", None)
-  if not stateless and fn is None:
-    raise ValueError(f"{type(drafter).__name__} cannot skip a step (no `observe` method)")
-  P = drafter.max_depth + 1
+  lazy = stateless or hasattr(drafter, "catch_up")
+  if tree and not lazy and fn is None:
+    raise ValueError(f"{type(drafter).__name__} cannot take an AR step (no catch_up or observe)")
+  one = None if tree or lazy or fn else dataclasses.replace(drafter, k=1)
 
   def observe(state, seq, seq_len, new_seq, new_seq_len, m, out, key):
-    if stateless:
+    if lazy:
       return state
     zeros = jnp.zeros_like(m)
-    path = jnp.zeros((m.shape[0], P), jnp.int32)
-    step = TreeStepResult(seq_len, zeros, m, out.hidden, out.layer_hidden, path)
-    return fn(params, state, seq, seq_len, new_seq, new_seq_len, pad_step(step, P), key)
+    if tree:
+      path = jnp.zeros((m.shape[0], width), jnp.int32)
+      step = TreeStepResult(seq_len, zeros, m, out.hidden, out.layer_hidden, path)
+    else:
+      step = StepResult(seq_len, zeros, m, out.hidden, out.layer_hidden)
+    step = pad_step(step, width)
+    if fn is not None:
+      return fn(params, state, seq, seq_len, new_seq, new_seq_len, step, key)
+    state = one.propose(params, state, seq, seq_len, key, sampling).state
+    return drafter.commit(params, state, new_seq, new_seq_len, step)
 
   return observe
 

@@ -118,11 +118,11 @@ def _spec_step(
 
 
 def adaptive_loop(state, step_kw: dict, drafter, stateless: bool, adaptive, step_costs):
-  """`adp.run_adaptive` over one `_spec_step` per K > 0 (the drafter with k = K, its hidden
-  states padded to K_max + 1) and `adp.ar_step` for K = 0."""
+  """`adp.run_adaptive` over one `_spec_step` per K > 0 (the drafter with k = K, see
+  `adp.Adapted`) and `adp.ar_step` for K = 0."""
   width = drafter.k + 1  # drafter.k = K_max
   gen, dp = step_kw["gen"], step_kw["draft_params"]
-  observe = adp.chain_observer(drafter, dp, width, stateless, gen.sampling)
+  observe = adp.observer(drafter, dp, width, stateless, gen.sampling)
   ar = functools.partial(
     adp.ar_step, params=step_kw["params"], cfg=step_kw["cfg"], gen=gen,
     prompt_lens=step_kw["prompt_lens"], budgets=step_kw["budgets"], observe=observe,
@@ -130,8 +130,8 @@ def adaptive_loop(state, step_kw: dict, drafter, stateless: bool, adaptive, step
   )  # fmt: skip
 
   def make_step(k):
-    padded = adp.WidthPadded(dataclasses.replace(drafter, k=k), width)
-    return functools.partial(_spec_step, **{**step_kw, "drafter": padded})
+    adapted = adp.Adapted(dataclasses.replace(drafter, k=k), width)
+    return functools.partial(_spec_step, **{**step_kw, "drafter": adapted})
 
   steps = adp.branches(make_step, ar, adaptive.ks)
   return adp.run_adaptive(state, steps, adaptive, step_costs, gen.max_new_tokens)

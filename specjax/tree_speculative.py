@@ -205,13 +205,14 @@ def tree_capacity(prompt_width: int, gen: GenerateConfig, drafter) -> int:
 def adaptive_tree_loop(state, step_kw: dict, stateless: bool, adaptive, step_costs):
   """`adp.run_adaptive` over [`adp.ar_step`, `_tree_step`]: an AR step or the drafter's tree."""
   drafter, gen = step_kw["drafter"], step_kw["gen"]
-  observe = adp.tree_observer(drafter, step_kw["draft_params"], stateless)
+  width = drafter.max_depth + 1
+  observe = adp.observer(drafter, step_kw["draft_params"], width, stateless, gen.sampling, True)
   ar = functools.partial(
     adp.ar_step, params=step_kw["params"], cfg=step_kw["cfg"], gen=gen,
     prompt_lens=step_kw["prompt_lens"], budgets=step_kw["budgets"], observe=observe,
     hidden_layers=hidden_layers_of(drafter),
   )  # fmt: skip
-  tree = functools.partial(_tree_step, **step_kw)
+  tree = functools.partial(_tree_step, **{**step_kw, "drafter": adp.Adapted(drafter, width)})
   return adp.run_adaptive(state, (ar, tree), adaptive, step_costs, gen.max_new_tokens)
 
 

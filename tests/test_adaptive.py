@@ -19,8 +19,11 @@ from specjax import adaptive as adp
 from specjax.acceptance import SpeculativeSamplingRule
 from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
 from specjax.drafters.tree_draft_model import StaticTreeDrafter
+from specjax.drafters.tree_eagle import EagleTreeDrafter
 from specjax.generate import GenerateConfig, generate, pad_prompts
+from specjax.kv_cache import init_cache
 from specjax.metrics import summarize
+from specjax.model import forward
 from specjax.sampling import SamplingConfig
 from specjax.speculative import _speculative, speculative_generate
 from specjax.tree_speculative import tree_speculative_generate
@@ -184,15 +187,42 @@ def test_adaptive_chain_eagle_greedy_identical_to_ar(models):
   assert len(set(tr.choices[: int(tr.n_steps)].tolist())) >= 2, tr.choices
 
 
-def test_adaptive_loop_has_no_host_callbacks(models):
+def test_adaptive_loop_has_no_host_callbacks_and_no_cache_copies(models):
+  """One XLA computation with no callbacks, whose caches (target and draft) are updated in place:
+  no more cache-sized copies than the fixed-K loop (a `lax.switch` over the steps had 4 a step)."""
   target, cfg, draft, dcfg = models
   P, L = pad_prompts(_prompts(), bucket=8)
   gen = GenerateConfig(max_new_tokens=8)
   args = (target, draft, P, L, jnp.full((3,), 8, jnp.int32), jax.random.PRNGKey(0))
-  fn = lambda *a: _speculative(*a, cfg, DraftModelDrafter(dcfg, k=4), SpeculativeSamplingRule(),
-                               gen, CONFIG, jnp.asarray(MIXED.step_costs))  # fmt: skip  # noqa: E731
+  drafter, rule = DraftModelDrafter(dcfg, k=4), SpeculativeSamplingRule()
+  fn = lambda *a: _speculative(*a, cfg, drafter, rule, gen, CONFIG, jnp.asarray(MIXED.step_costs))  # noqa: E731
   text = str(jax.make_jaxpr(fn)(*args))
-  assert "while" in text and "cond" in text and "callback" not in text
+  assert "while" in text and "callback" not in text
+  capacity = P.shape[1] + 8 + 4 + 1 + 1  # prompt + budget + K_max + 1 + the draft's slack
+
+  shapes = [f"f32[{c.n_layers},3,{capacity},{c.n_kv_heads},{c.head_dim}]" for c in (cfg, dcfg)]
+
+  def cache_copies(*static):
+    hlo = _speculative.lower(*args, cfg, drafter, rule, gen, *static).compile().as_text()
+    return sum(" copy(" in ln and any(sh in ln for sh in shapes) for ln in hlo.splitlines())
+
+  assert cache_copies(CONFIG, jnp.asarray(MIXED.step_costs)) <= cache_copies()
+
+
+def test_draft_model_catch_up_matches_a_fresh_prefill(models):
+  """AR steps do not feed a draft model; its next proposal first feeds what it missed."""
+  _, _, draft, dcfg = models
+  seq = jnp.asarray(np.random.RandomState(1).randint(0, 64, (2, 40)), jnp.int32)
+  seq_len = jnp.array([30, 23])
+  cache = forward(draft, seq[:, :20], init_cache(dcfg, 2, 40), dcfg).cache
+  cache = cache.with_lengths(jnp.array([5, 20]))  # 25 and 3 tokens behind
+  caught = DraftModelDrafter(dcfg, k=3).catch_up(draft, cache, seq, seq_len, width=4)
+  n = np.asarray(caught.lengths)
+  np.testing.assert_array_equal(n, [29, 22])  # back in {seq_len - 2, seq_len - 1}
+  fresh = forward(draft, seq[:, :30], init_cache(dcfg, 2, 40), dcfg).cache
+  for b in range(2):
+    np.testing.assert_allclose(caught.k[:, b, : n[b]], fresh.k[:, b, : n[b]], atol=1e-5)
+    np.testing.assert_allclose(caught.v[:, b, : n[b]], fresh.v[:, b, : n[b]], atol=1e-5)
 
 
 # ---------------------------------------------------------------- sampling stays lossless
@@ -293,6 +323,15 @@ def test_adaptive_tree_greedy_identical_to_ar(models):
       assert steps == {1} and s["tau"] > 1.3
     if name == "mixed":
       assert steps == {0, 1}, tr.choices
+  # An EAGLE-2 tree: its head's state takes the AR steps through `observe`.
+  chain_head, head = make_drafter("eagle1", target, cfg, 3, np.arange(cfg.vocab_size))
+  eagle = EagleTreeDrafter(chain_head.cfg, top_k=2, depth=3, n_nodes=6)
+  config3 = adp.AdaptiveConfig((0, 3), decay=0.8)
+  out = tree_speculative_generate(target, cfg, eagle, head, P, L, gen, max_new_per_row=budgets,
+                                  adaptive=config3, costs=tables["mixed"])  # fmt: skip
+  np.testing.assert_array_equal(np.asarray(out.tokens), ar_tokens, err_msg="eagle tree")
+  tr = jax.tree.map(np.asarray, out.adaptive)
+  assert set(tr.choices[: int(tr.n_steps)].tolist()) == {0, 1}, tr.choices
   with pytest.raises(ValueError, match="max_depth"):
     tree_speculative_generate(target, cfg, drafter, target, P, L, gen,
                               adaptive=adp.AdaptiveConfig((0, 2)), costs=tables["off"])  # fmt: skip

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.draft_model import catch_up_cache
 from specjax.drafters.draft_vocab import draw, scatter_logq
 from specjax.kv_cache import KVCache, init_cache, read_rows
 from specjax.model import LayerParams, Params, forward
@@ -94,6 +95,10 @@ class DraftLMDrafter:
       logq_d = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)  # [B, K, Vd]
       logq = scatter_logq(logq_d, params.d2t, V)
     return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), cache)
+
+  def catch_up(self, params: DraftLMParams, cache: KVCache, seq, seq_len, width: int) -> KVCache:
+    """The cache after the adaptive loop's AR steps, caught up (`catch_up_cache`)."""
+    return catch_up_cache(params.as_model(), self.cfg, cache, seq, seq_len, width)
 
   def commit(self, params, cache: KVCache, seq, seq_len, step: StepResult) -> KVCache:
     # Accepted drafts d_1..d_{K-1} were fed; d_K was drawn but not fed. Finished rows keep c.

@@ -89,11 +89,32 @@ class DraftModelDrafter:
     """Row i of the new state is row rows[i] of the old (forking / resampling particles)."""
     return cache.take_rows(rows)
 
+  def catch_up(self, params, cache: KVCache, seq, seq_len, width: int) -> KVCache:
+    """The cache after the adaptive loop's AR steps, caught up (`catch_up_cache`)."""
+    return catch_up_cache(params, self.cfg, cache, seq, seq_len, width)
+
   def commit(self, params, cache: KVCache, seq, seq_len, step: StepResult) -> KVCache:
     # Valid draft entries: everything before the drafts, plus accepted drafts d_1..d_{K-1}
     # (d_K was drawn but never fed). Finished rows (n_committed = 0) keep seq_len - 1.
     valid = step.prev_seq_len + jnp.minimum(step.n_committed - 1, self.k - 1)
     return cache.with_lengths(valid)
+
+
+def catch_up_cache(params, cfg: ModelConfig, cache: KVCache, seq, seq_len, width: int) -> KVCache:
+  """Feeds a draft cache seq[c : seq_len - 1] in windows of `width` tokens until every row has
+  c >= seq_len - 2 again (the AR steps of the adaptive loop, `specjax.adaptive`, do not feed the
+  draft). Rows already there rewrite their own tokens and keep c; slots past a row's length get
+  junk, as with the two-token window. The caller guarantees c + width <= capacity."""
+  first = jnp.zeros((seq.shape[0], 1), jnp.int32)
+
+  def feed(cache: KVCache) -> KVCache:
+    c = cache.lengths
+    out = forward(params, read_rows(seq, c, width), cache, cfg, logit_positions=first)
+    return out.cache.with_lengths(
+      jnp.where(c < seq_len - 2, jnp.minimum(c + width, seq_len - 1), c)
+    )
+
+  return jax.lax.while_loop(lambda cache: jnp.any(cache.lengths < seq_len - 2), feed, cache)
 
 
 def _draw(key, logq, sampling: SamplingConfig):

@@ -168,6 +168,18 @@ class EagleDrafter:
     state = EagleState(cache, state.pending, state.n_pending)
     return Proposal(drafted, logq, jnp.full((B,), self.k, jnp.int32), state)
 
+  def observe(self, params: EagleParams, state: EagleState, seq, seq_len, new_seq, new_seq_len,
+              step: StepResult, key) -> EagleState:  # fmt: skip
+    """After an AR step of the adaptive loop (`specjax.adaptive`): the pending window is fed (one
+    head layer pass, no drafting), then the step is committed as one whose draft was rejected."""
+    del key
+    c = state.cache.lengths
+    tokens = read_rows(seq, c + 1, state.pending.shape[1])
+    x = layer_inputs(params, tokens, state.pending)
+    _, cache = cached_layer(params, x, state.cache, self.cfg)
+    state = EagleState(cache, state.pending, state.n_pending)
+    return self.commit(params, state, new_seq, new_seq_len, step)
+
   def commit(self, params: EagleParams, state: EagleState, seq, seq_len, step: StepResult):
     g = feature(params, step.hidden, step.layer_hidden)  # [B, K + 1, D]
     cache = state.cache.with_lengths(jnp.maximum(step.prev_seq_len - 1, 0))

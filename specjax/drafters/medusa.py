@@ -97,3 +97,7 @@ class MedusaDrafter:
     idx = jnp.maximum(step.n_committed - 1, 0)
     h = step.hidden[jnp.arange(B), idx].astype(jnp.float32)
     return MedusaState(jnp.where((step.n_committed > 0)[:, None], h, state.h))
+
+  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key) -> MedusaState:
+    """After an AR step of the adaptive loop: the heads need only its hidden state."""
+    return self.commit(params, state, new_seq, new_seq_len, step)

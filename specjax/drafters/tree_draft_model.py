@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.drafters.draft_model import DraftModelDrafter
+from specjax.drafters.draft_model import catch_up_cache
 from specjax.kv_cache import KVCache, init_cache, read_rows
 from specjax.model import forward
 from specjax.sampling import SamplingConfig
@@ -87,14 +87,6 @@ def _commit(state: TreeDraftState, step: TreeStepResult, max_depth: int) -> Tree
   cache = compact_path(state.cache, prev - 1, path)
   valid = prev + jnp.minimum(step.n_committed - 1, n_fed)
   return TreeDraftState(cache.with_lengths(valid), state.fed)
-
-
-def _observe(cfg, params, state: TreeDraftState, seq, seq_len, new_seq, new_seq_len, step, key):
-  """After an AR step of the adaptive loop (`specjax.adaptive`): the draft reads its two-token
-  catch-up window as the chain `DraftModelDrafter` does, so the invariant above holds again."""
-  chain = DraftModelDrafter(cfg, k=1)
-  cache = chain.propose(params, state.cache, seq, seq_len, key, SamplingConfig()).state
-  return TreeDraftState(chain.commit(params, cache, new_seq, new_seq_len, step), state.fed)
 
 
 def _gumbel_top(key, logq: jax.Array, n: int) -> jax.Array:
@@ -195,8 +187,10 @@ class StaticTreeDrafter:
     del params, seq, seq_len
     return _commit(state, step, self.max_depth)
 
-  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key):
-    return _observe(self.cfg, params, state, seq, seq_len, new_seq, new_seq_len, step, key)
+  def catch_up(self, params, state: TreeDraftState, seq, seq_len, width: int) -> TreeDraftState:
+    """After the adaptive loop's AR steps: the draft cache caught up (`catch_up_cache`)."""
+    return TreeDraftState(catch_up_cache(params, self.cfg, state.cache, seq, seq_len, width),
+                          state.fed)  # fmt: skip
 
   def reorder(self, state: TreeDraftState, rows: jax.Array) -> TreeDraftState:
     return TreeDraftState(state.cache.take_rows(rows), state.fed[rows])
@@ -354,8 +348,10 @@ class DynamicTreeDrafter:
     del params, seq, seq_len
     return _commit(state, step, self.depth)
 
-  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key):
-    return _observe(self.cfg, params, state, seq, seq_len, new_seq, new_seq_len, step, key)
+  def catch_up(self, params, state: TreeDraftState, seq, seq_len, width: int) -> TreeDraftState:
+    """After the adaptive loop's AR steps: the draft cache caught up (`catch_up_cache`)."""
+    return TreeDraftState(catch_up_cache(params, self.cfg, state.cache, seq, seq_len, width),
+                          state.fed)  # fmt: skip
 
   def reorder(self, state: TreeDraftState, rows: jax.Array) -> TreeDraftState:
     return TreeDraftState(state.cache.take_rows(rows), state.fed[rows])

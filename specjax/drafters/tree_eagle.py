@@ -175,5 +175,9 @@ class EagleTreeDrafter:
   def commit(self, params: EagleParams, state: EagleState, seq, seq_len, step: TreeStepResult):
     return self._chain.commit(params, state, seq, seq_len, step)
 
+  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key) -> EagleState:
+    """After an AR step of the adaptive loop: as the chain drafter (`EagleDrafter.observe`)."""
+    return self._chain.observe(params, state, seq, seq_len, new_seq, new_seq_len, step, key)
+
   def reorder(self, state: EagleState, rows: jax.Array) -> EagleState:
     return EagleState(state.cache.take_rows(rows), state.pending[rows], state.n_pending[rows])

@@ -3,8 +3,8 @@
 `measure_costs` prefills a batch of random prompts, then times (jitted, warmed up, median of a few
 calls) on that cache: the target pass over K + 1 tokens for each choice K (over the drafter's
 tree for the tree loop), the drafter's `propose` at each K > 0 (the tree's), and what an AR step of
-the adaptive loop spends keeping the drafter current (`specjax.adaptive.chain_observer`,
-`tree_observer`; nothing for stateless drafters). Every cost is divided by the one-token pass (an
+the adaptive loop spends keeping the drafter current (`specjax.adaptive.observer`: nothing for
+stateless drafters and for draft models, which catch up lazily). Every cost is divided by the one-token pass (an
 AR step). `with_costs` looks the table up under the specjax cache root, keyed by model, dtype,
 batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measuring it on
 the first run, or reads the JSON file the config names.
@@ -78,10 +78,8 @@ def measure_costs(
   def observe(p, dp, st, c, s, n):
     out = verify(p, c, first[:, None])
     m = jnp.ones_like(n)
-    if tree:
-      fn = adp.tree_observer(drafter, dp, stateless)
-    else:
-      fn = adp.chain_observer(drafter, dp, drafter.k + 1, stateless, GREEDY)
+    width = drafter.max_depth + 1 if tree else drafter.k + 1
+    fn = adp.observer(drafter, dp, width, stateless, GREEDY, tree)
     return fn(st, s, n, s, n + m, m, out, key)
 
   skip = 0.0 if stateless else _median_time(lambda: observe(params, dp, state, cache, seq, seq_len),
