@@ -376,11 +376,15 @@ def test_harness_records_the_chosen_ks(tmp_path, monkeypatch):
   s = small_settings(adaptive=True, adaptive_ks="0,1,3")
   method = build_method(s, target)
   assert method.name == "prompt_lookup_k3_adaptive_0-1-3" and method.drafter.k == 3
-  method = calibrate.with_costs(s, target, method, log=lambda m: None)  # measured and cached
-  assert method.costs.ks == (0, 1, 3) and method.costs.verify[0] == 1.0
-  assert method.costs.draft[0] == 0.0  # prompt lookup is stateless: an AR step costs it nothing
+  method = calibrate.with_costs(s, target, method, log=lambda m: None)
+  table = method.costs(64)  # measured for 64-token prompts and cached
+  assert table.ks == (0, 1, 3) and table.verify[0] == 1.0 and min(table.verify[1:]) > 0
+  assert table.draft[0] == 0.0  # prompt lookup is stateless: an AR step costs it nothing
+  assert method.costs(64) is table
   monkeypatch.setattr(calibrate, "measure_costs", lambda *a, **k: pytest.fail("not cached"))
-  assert calibrate.with_costs(s, target, build_method(s, target)).costs == method.costs
+  assert calibrate.with_costs(s, target, build_method(s, target)).costs(64) == table
+  with pytest.raises(pytest.fail.Exception, match="not cached"):  # another width: another table
+    calibrate.with_costs(s, target, build_method(s, target)).costs(128)
   # Forced off through a JSON table: the record shows every step at K = 0 and the same output.
   path = tmp_path / "off.json"
   path.write_text(json.dumps({"verify": {"0": 1.0, "1": 50.0, "3": 50.0}}))

@@ -5,9 +5,10 @@ calls) on that cache: the target pass over K + 1 tokens for each choice K (over 
 tree for the tree loop), the drafter's `propose` at each K > 0 (the tree's), and what an AR step of
 the adaptive loop spends keeping the drafter current (`specjax.adaptive.observer`: nothing for
 stateless drafters and for draft models, which catch up lazily). Every cost is divided by the one-token pass (an
-AR step). `with_costs` looks the table up under the specjax cache root, keyed by model, dtype,
-batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measuring it on
-the first run, or reads the JSON file the config names.
+AR step). `with_costs` gives a method a JSON file's table, or `CalibratedCosts`: for each padded
+prompt width the runner meets, the table cached under the specjax cache root, keyed by model,
+dtype, batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measured
+the first time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -107,17 +109,37 @@ def measure_costs(
   return adp.CostTable(ks, tuple(verify_costs), tuple(draft_costs))
 
 
+@dataclasses.dataclass(frozen=True)
+class CalibratedCosts:
+  """Cost tables of one method measured per padded prompt width, on first use (then cached on
+  disk): verify costs grow with the context, so long prompts get their own table. The runner calls
+  it with each prompt's padded width (`Method.costs`)."""
+
+  settings: ExperimentSettings
+  target: Target = dataclasses.field(compare=False, repr=False)
+  method: Method = dataclasses.field(compare=False, repr=False)
+  log: Callable[[str], None] = dataclasses.field(default=print, compare=False, repr=False)
+  tables: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+  def key(self, width: int) -> dict:
+    s, d, m = self.settings, self.settings.drafter, self.method
+    drafter = f"{m.name}|{m.loop}|{d.model}|{d.shipped}"
+    return adp.cost_key(s.model, s.dtype, 1, drafter, m.adaptive.ks, width=int(width))
+
+  def __call__(self, width: int) -> adp.CostTable:
+    if width not in self.tables:
+      measure = lambda: measure_costs(self.target, self.method, 1, int(width))  # noqa: E731
+      self.tables[width] = adp.cached_costs(self.key(width), measure, log=self.log)
+    return self.tables[width]
+
+
 def with_costs(settings: ExperimentSettings, target: Target, method: Method, log=print) -> Method:
-  """`method` with its cost table: from `settings.adaptive.costs` (a JSON file) or calibrated
-  (cached per machine, model, dtype, batch 1, drafter, choices and prompt width)."""
+  """`method` with its costs: the table of `settings.adaptive.costs` (a JSON file), or
+  `CalibratedCosts` (measured per prompt width on first use, cached per machine, model, dtype,
+  batch 1, drafter and choices)."""
   if method is None or method.adaptive is None:
     return method
   a, ks = settings.adaptive, method.adaptive.ks
   if a.costs != "calibrate":
     return dataclasses.replace(method, costs=adp.load_costs(a.costs, ks))
-  d = settings.drafter
-  drafter = f"{method.name}|{method.loop}|{d.model}|{d.shipped}"
-  width = settings.min_prompt_width
-  key = adp.cost_key(settings.model, settings.dtype, 1, drafter, ks, width=width)
-  table = adp.cached_costs(key, lambda: measure_costs(target, method, 1, width), log=log)
-  return dataclasses.replace(method, costs=table)
+  return dataclasses.replace(method, costs=CalibratedCosts(settings, target, method, log))

@@ -57,7 +57,8 @@ class Method:
       (`specjax.tree_speculative`) or "smc" (`specjax.smc`, with `smc` its settings).
     smc: SMC-SD settings (loop "smc" only).
     adaptive: in-loop adaptive K (`specjax.adaptive`), or None for the drafter's fixed K.
-    costs: the adaptive loop's cost table (set by `specjax.experiment.calibrate.with_costs`).
+    costs: the adaptive loop's cost table, or a function of the padded prompt width returning
+      one (set by `specjax.experiment.calibrate.with_costs`).
   """
 
   name: str
@@ -67,7 +68,7 @@ class Method:
   loop: str = "chain"
   smc: SMCSettings | None = None
   adaptive: AdaptiveConfig | None = None
-  costs: CostTable | None = None
+  costs: CostTable | Callable[[int], CostTable] | None = None
 
 
 def truncate_layers(params: Params, cfg: ModelConfig, n_layers: int) -> tuple[Params, ModelConfig]:

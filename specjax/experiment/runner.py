@@ -131,7 +131,8 @@ class Runner:
     fn = tree_speculative_generate if method.loop == "tree" else speculative_generate
     adaptive = {}
     if method.adaptive is not None:
-      adaptive = {"adaptive": method.adaptive, "costs": method.costs}
+      costs = method.costs(prompts.shape[1]) if callable(method.costs) else method.costs
+      adaptive = {"adaptive": method.adaptive, "costs": costs}
     return fn(
       t.params, t.cfg, method.drafter, method.draft_params, prompts, lens, self.gen,
       method.rule, key, budget, **adaptive,
