@@ -120,7 +120,7 @@ class AdaptiveConfig:
   ks: tuple[int, ...] = (0, 2, 4)
   prior_a: float = 1.0
   prior_b: float = 1.0
-  decay: float = 0.95
+  decay: float = 0.99
 
   def __post_init__(self):
     if not self.ks or self.ks[0] != 0 or list(self.ks) != sorted(set(self.ks)):

@@ -89,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.adaptive_ks = "0,2,4"
   c.adaptive_costs = "calibrate"
   c.adaptive_prior = "1,1"  # Beta(a0, b0) prior of each row's acceptance rate
-  c.adaptive_decay = 0.95  # evidence kept per step (1: never forget)
+  c.adaptive_decay = 0.99  # evidence kept per step (1: never forget; half-life ~70 steps)
   return c
 
 
@@ -145,7 +145,7 @@ class AdaptiveSettings:
   costs: str = "calibrate"
   prior_a: float = 1.0
   prior_b: float = 1.0
-  decay: float = 0.95
+  decay: float = 0.99
 
 
 @dataclasses.dataclass(frozen=True)
