@@ -278,8 +278,8 @@ def ar_step(s, *, params, cfg, gen, prompt_lens, budgets, observe, hidden_layers
   Args:
     s: `_SpecState` or `_TreeState` (same fields); the cache holds seq[:, :seq_len - 1].
     params, cfg, gen, prompt_lens, budgets: as in the decode loops.
-    observe: observe(draft_state, seq, seq_len, new_seq, new_seq_len, n_committed, out) -> the
-      drafter's state after the step (`observer`).
+    observe: observe(draft_state, seq, seq_len, new_seq, new_seq_len, n_committed, out, key) ->
+      the drafter's state after the step (`observer`).
     hidden_layers: target layers the drafter consumes.
   """
   key, k_obs, k_tok = jax.random.split(s.key, 3)
