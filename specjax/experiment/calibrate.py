@@ -14,8 +14,6 @@ the first time.
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
 from collections.abc import Callable
 
 import jax
@@ -23,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import adaptive as adp
+from specjax.experiment.costs import median_time
 from specjax.experiment.methods import Method, Target
 from specjax.experiment.settings import ExperimentSettings
 from specjax.generate import init_sequence, prefill
@@ -31,16 +30,6 @@ from specjax.sampling import SamplingConfig
 from specjax.speculative import hidden_layers_of
 
 GREEDY = SamplingConfig()
-
-
-def _median_time(fn, reps: int) -> float:
-  jax.block_until_ready(fn())  # compile and warm up
-  times = []
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
 
 
 def measure_costs(
@@ -74,7 +63,7 @@ def measure_costs(
   def verify(p, c, tokens, positions=None, mask=None):
     return forward(p, tokens, c, cfg, positions=positions, new_mask=mask, hidden_layers=layers)
 
-  ar = _median_time(lambda: verify(params, cache, first[:, None]).logits, reps)
+  ar = median_time(lambda: verify(params, cache, first[:, None]).logits, reps)
 
   @jax.jit
   def observe(p, dp, st, c, s, n):
@@ -84,14 +73,14 @@ def measure_costs(
     fn = adp.observer(drafter, dp, width, stateless, GREEDY, tree)
     return fn(st, s, n, s, n + m, m, out, key)
 
-  skip = 0.0 if stateless else _median_time(lambda: observe(params, dp, state, cache, seq, seq_len),
+  skip = 0.0 if stateless else median_time(lambda: observe(params, dp, state, cache, seq, seq_len),
                                             reps) / ar - 1.0  # fmt: skip
   if tree:
     propose = jax.jit(lambda dp, st, s, n: drafter.propose(dp, st, s, n, key, GREEDY).tree)
     t = propose(dp, state, seq, seq_len)
     pos = (seq_len - 1)[:, None] + t.depth
-    v = _median_time(lambda: verify(params, cache, t.tokens, pos, t.mask).logits, reps)
-    d = _median_time(lambda: propose(dp, state, seq, seq_len).tokens, reps)
+    v = median_time(lambda: verify(params, cache, t.tokens, pos, t.mask).logits, reps)
+    d = median_time(lambda: propose(dp, state, seq, seq_len).tokens, reps)
     return adp.CostTable(ks, (1.0, v / ar), (max(skip, 0.0), d / ar))
   verify_costs, draft_costs = [], []
   for k in ks:
@@ -100,11 +89,11 @@ def measure_costs(
       draft_costs.append(max(skip, 0.0))
       continue
     tokens = jnp.concatenate([first[:, None]] * (k + 1), 1)
-    t_verify = _median_time(lambda t=tokens: verify(params, cache, t).logits, reps)
+    t_verify = median_time(lambda t=tokens: verify(params, cache, t).logits, reps)
     verify_costs.append(t_verify / ar)
     dk = dataclasses.replace(drafter, k=k)
     propose = jax.jit(lambda dp, st, s, n, dk=dk: dk.propose(dp, st, s, n, key, GREEDY).tokens)
-    t_draft = _median_time(lambda f=propose: f(dp, state, seq, seq_len), reps)
+    t_draft = median_time(lambda f=propose: f(dp, state, seq, seq_len), reps)
     draft_costs.append(t_draft / ar)
   return adp.CostTable(ks, tuple(verify_costs), tuple(draft_costs))
 

@@ -23,7 +23,8 @@ from specjax.sampling import SamplingConfig
 from specjax.speculative import hidden_layers_of
 
 
-def _median_time(fn, reps: int) -> float:
+def median_time(fn, reps: int) -> float:
+  """Median seconds of `reps` calls of a jitted `fn` after one warm-up (compiling) call."""
   jax.block_until_ready(fn())  # compile and warm up
   times = []
   for _ in range(reps):
@@ -56,6 +57,6 @@ def draft_cost_ratio(target: Target, method: Method, ids: list[int], reps: int =
   propose = jax.jit(lambda s, q, n: drafter.propose(dp, s, q, n, key, greedy).tokens)
   cfg = target.cfg
   step = jax.jit(lambda p, t, c: forward(p, t, c, cfg).logits)
-  draft_s = _median_time(lambda: propose(state, seq, seq_len), reps)
-  target_s = _median_time(lambda: step(target.params, first[:, None], pre.cache), reps)
+  draft_s = median_time(lambda: propose(state, seq, seq_len), reps)
+  target_s = median_time(lambda: step(target.params, first[:, None], pre.cache), reps)
   return {"draft_s": draft_s, "target_step_s": target_s, "c": draft_s / drafter.k / target_s}
