@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 
 import numpy as np
@@ -110,3 +111,26 @@ def test_prompt_list_rebuilt_from_its_order(smollm2):
   assert [p.text for p in plist] == [questions[7], questions[2]]
   want = smollm2.tokenizer.encode_chat([{"role": "user", "content": questions[2]}])
   assert list(plist[1].tokens) == want
+
+
+def test_committed_corpus_is_intact_and_clean(smollm2):
+  """The committed corpus: sha256 verified, every document starts with its recorded prompt (text
+  rebuilt from the pinned sources, sha256 and chat tokens equal), and no prompt overlaps an
+  evaluation prompt."""
+  from train import decontam, sources
+
+  path = os.path.join(os.path.dirname(__file__), "..", "train", "corpora", "smollm2-sd-v1.npz")
+  docs = corpus.load_documents(path)
+  with open(path[: -len(".npz")] + ".json") as f:
+    meta = json.load(f)
+  assert len(docs) == meta["documents"] and sum(d.heldout for d in docs) == 200
+  assert sum(len(d.tokens) - d.prompt_len for d in docs) == meta["response_tokens"] >= 1_000_000
+  order = list(zip(meta["sources"], meta["source_index"]))
+  plist = corpus.prompts_from_order(
+    order, smollm2.tokenizer, meta["manifest"]["recipe"]["min_ascii"]
+  )
+  clean = decontam.Decontaminator(sources.eval_texts())
+  for d, p, digest in zip(docs, plist, meta["prompt_sha256"]):
+    assert corpus.prompt_sha256(p.text) == digest
+    assert d.tokens[: d.prompt_len] == p.tokens
+    assert clean.is_clean(p.text), p.text[:80]
