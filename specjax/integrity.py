@@ -12,8 +12,8 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import IO, Any
 
 import jax
 import numpy as np
@@ -111,14 +111,18 @@ def named_os_error(e: BaseException, path: str) -> BaseException:
   return e
 
 
-def write_json_atomic(path: str, obj: Any, indent: int | None = 1) -> None:
-  """Writes JSON to a temporary file beside `path`, fsyncs it and renames it over `path`: a reader
-  sees the old file or the complete new one, never a torn one (a full disk leaves the old one)."""
+def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:
+  """Calls `write(f)` on a hidden temporary file beside `path`, fsyncs it and renames it over
+  `path`: a reader sees the old file or the complete new one, never a torn one. On any failure (a
+  full disk, say) the temporary file is removed and the error names it. The temporary name
+  (`.NAME.XXXX.tmp`) matches no `NAME*` pattern, so a glob over finished files never sees it."""
   directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + ".", suffix=".tmp")
+  fd, tmp = tempfile.mkstemp(
+    dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp"
+  )
   try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=indent)
+    with os.fdopen(fd, "wb") as f:
+      write(f)
       f.flush()
       os.fsync(f.fileno())
     os.chmod(tmp, 0o644)
@@ -130,3 +134,8 @@ def write_json_atomic(path: str, obj: Any, indent: int | None = 1) -> None:
     if err is e:
       raise
     raise err from e
+
+
+def write_json_atomic(path: str, obj: Any, indent: int | None = 1) -> None:
+  """Writes JSON atomically (`write_atomic`)."""
+  write_atomic(path, lambda f: f.write(json.dumps(obj, indent=indent).encode()))

@@ -247,7 +247,7 @@ def test_a_full_disk_leaves_nothing_that_looks_complete(targets, tmp_path, monke
     real_savez(f, **arrays)
 
   monkeypatch.setattr(features.np, "savez", savez_then_full)
-  with pytest.raises(OSError, match=r"No space left on device: '.*shard_00001\.npz\.part\.npz'"):
+  with pytest.raises(OSError, match=r"No space left on device: '.*/\.shard_00001\.npz\.\w+\.tmp'"):
     build(config, params, cfg)
   assert sorted(os.listdir(cache / "shards")) == ["shard_00000.npz"]
   monkeypatch.setattr(features.np, "savez", real_savez)

@@ -35,6 +35,7 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.generate import init_sequence, is_stop, prefill
+from specjax.integrity import write_atomic, write_json_atomic
 from specjax.kv_cache import KVCache, init_cache
 from specjax.model import Params, forward
 from train.prompts import TrainPrompt
@@ -250,16 +251,14 @@ def done_prompts(out_dir: str) -> set[int]:
 def _write_shard(out_dir: str, docs: list[Document]) -> str:
   n = len(glob.glob(os.path.join(out_dir, "shard_*.npz")))
   path = os.path.join(out_dir, f"shard_{n:05d}.npz")
-  tmp = path + ".part.npz"
-  np.savez(
-    tmp,
+  arrays = dict(
     tokens=np.concatenate([d.tokens for d in docs]).astype(np.uint16),
     doc_lens=np.asarray([len(d.tokens) for d in docs], np.int32),
     prompt_lens=np.asarray([d.prompt_len for d in docs], np.int32),
     prompt_index=np.asarray([d.prompt_index for d in docs], np.int32),
     stopped=np.asarray([d.stopped for d in docs], bool),
   )
-  os.replace(tmp, path)
+  write_atomic(path, lambda f: np.savez(f, **arrays))  # its temporary name matches no shard glob
   return path
 
 
@@ -281,10 +280,7 @@ def check_manifest(out_dir: str, manifest: dict) -> None:
       )
     return
   os.makedirs(out_dir, exist_ok=True)
-  tmp = path + ".part"
-  with open(tmp, "w") as f:
-    json.dump(manifest, f, indent=1, sort_keys=True)
-  os.replace(tmp, path)
+  write_json_atomic(path, dict(sorted(manifest.items())))
 
 
 def build_corpus(
@@ -376,10 +372,8 @@ def pack_corpus(out_dir: str, path: str, prompts: Sequence[TrainPrompt], n_heldo
     stopped=np.asarray([d[3] for d in docs], bool),
     heldout=np.asarray([i < n_heldout for i in idx], bool),
   )
-  tmp = path + ".part.npz"
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  np.savez_compressed(tmp, **arrays)
-  os.replace(tmp, path)
+  write_atomic(path, lambda f: np.savez_compressed(f, **arrays))
   with open(path, "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   meta = dict(

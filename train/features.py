@@ -35,6 +35,7 @@ from specjax.integrity import (
   file_records,
   named_os_error,
   verify_files,
+  write_atomic,
   write_json_atomic,
 )
 from specjax.model import Params, forward
@@ -118,22 +119,8 @@ def _batches(prompts: Sequence[TrainPrompt], batch_size: int) -> list[list[int]]
 
 
 def _write_npz(path: str, **arrays) -> None:
-  """Writes a shard atomically: a temporary file, fsynced, renamed; removed if the write fails
-  (a full disk, say), so a shard that exists is complete."""
-  tmp = path + ".part.npz"
-  try:
-    with open(tmp, "wb") as f:
-      np.savez(f, **arrays)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException as e:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    err = named_os_error(e, tmp)
-    if err is e:
-      raise
-    raise err from e
+  """Writes a shard atomically (`specjax.integrity.write_atomic`): a shard that exists is complete."""
+  write_atomic(path, lambda f: np.savez(f, **arrays))
 
 
 CHECKSUMS = "checksums.json"
