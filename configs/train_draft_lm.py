@@ -13,11 +13,11 @@ Commands (from the repository root):
 
 import ml_collections
 
-from train.settings import apply_variant, base_config
+from train.settings import apply_variant, base_config, use_corpus
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  config = base_config()
+  config = use_corpus(base_config())
   config.objective.kind = "draft_lm"
   config.objective.n_layers = 2
   config.objective.init_layers = (0, 1)

@@ -10,11 +10,11 @@ Commands (from the repository root):
 
 import ml_collections
 
-from train.settings import apply_variant, base_config
+from train.settings import apply_variant, base_config, use_corpus
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  config = base_config()
+  config = use_corpus(base_config())
   config.objective.kind = "eagle"
   config.objective.steps = 1
   config.objective.w_reg = 1.0

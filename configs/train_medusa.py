@@ -11,11 +11,11 @@ Killing the run at any moment and rerunning the same command resumes from the la
 
 import ml_collections
 
-from train.settings import apply_variant, base_config
+from train.settings import apply_variant, base_config, use_corpus
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  config = base_config()
+  config = use_corpus(base_config())
   config.objective.kind = "medusa"
   config.objective.n_heads = 4
   config.train.steps = 100  # ~20 min on a shared 2-core CPU

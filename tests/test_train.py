@@ -23,16 +23,17 @@ from toy_models import tiny_model
 from specjax.drafters.eagle import head_logits
 from specjax.drafters.shipped import ShippedDrafterError, load_shipped
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
+from specjax.integrity import CacheError, weights_fingerprint
 from specjax.kv_cache import init_cache
 from specjax.loading.hf import save_hf
 from specjax.metrics import summarize
 from specjax.model import forward, lm_head
 from specjax.sampling import SamplingConfig
 from specjax.speculative import speculative_generate
-from train import decontam, pipeline, prompts, sources, teacher_forced
+from train import corpus, decontam, pipeline, prompts, sources, teacher_forced
 from train.data import Batch, Windows, step_windows
 from train.features import FeatureStore
-from train.loop import make_optimizer, read_metrics
+from train.loop import evaluate, make_optimizer, read_metrics, simulated_tau
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -255,9 +256,9 @@ def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, kind):
       kl[r["step"]] = sum(v for k, v in r.items() if k.startswith("kl"))
   assert np.mean([kl[s] for s in range(31, 41)]) < 0.9 * np.mean([kl[s] for s in range(1, 6)])
   assert meta["heldout"] == heldout and meta["sha256"] and meta["data"]["prompts_sha256"]
-  assert set(heldout) > {"eval_positions"} and all(
-    0 <= v <= 1 for k, v in heldout.items() if k != "eval_positions"
-  )
+  rates = {k: v for k, v in heldout.items() if k.startswith("top1")}
+  assert rates and all(0 <= v <= 1 for v in rates.values()) and heldout["eval_positions"] > 0
+  assert heldout["simulated_tau"] == pytest.approx(simulated_tau(rates))
   shipped = load_shipped(f"tiny-{kind}", params, cfg, config.ship.dir)
   # Greedy speculative decoding with the shipped drafter on held-out prompts equals AR greedy.
   P, L, gen, ar = heldout_ar
@@ -371,3 +372,81 @@ def test_training_prompts_exclude_every_evaluation_prompt(smollm2):
     t = " ".join(decontam.normalize(p.text))
     assert not any(e in t or (len(t) >= 20 and t in e) for e in norm_eval), p.text[:80]
     assert not any(t[i : i + 60] in spans for i in range(0, max(len(t) - 59, 0))), p.text[:80]
+
+
+def test_simulated_tau_is_the_expected_chain_length():
+  assert simulated_tau({"top1_step1": 0.5, "top1_step2": 0.5}, k=3) == pytest.approx(1.875)
+  assert simulated_tau({"top1": 1.0}, k=4) == 5.0  # one rate serves every position
+  # Medusa's heads count from 0; unrelated metrics are ignored.
+  ev = {"top1_head1": 0.5, "top1_head0": 1.0, "eval_positions": 9}
+  assert simulated_tau(ev, k=2) == pytest.approx(2.5)
+  with pytest.raises(ValueError, match="per-position"):
+    simulated_tau({"loss": 1.0})
+
+
+def test_training_keeps_the_checkpoint_with_the_best_simulated_tau(tiny, tmp_path):
+  root = tiny[0]
+  config = tiny_config("train_medusa", root)
+  # A learning rate this high wrecks the heads after their first gains.
+  config.train.update({"steps": 24, "eval_every": 4, "lr": 0.3, "warmup": 1, "clip": 1e9})
+  workdir = tmp_path / "w"
+  _, trainable, frozen, heldout, _ = pipeline.run(config, str(workdir), lambda _: None)
+  evals = {
+    r["step"]: r["eval"] for r in read_metrics(str(workdir / "metrics.jsonl")) if "eval" in r
+  }
+  best = max(evals, key=lambda s: evals[s]["simulated_tau"])
+  assert heldout["step"] == best and heldout["simulated_tau"] == evals[best]["simulated_tau"]
+  assert best != 24, "the control: training should have got worse after some evaluation"
+  # The params returned are that step's: evaluating them again gives its metrics.
+  s = pipeline.settings_from_config(config)
+  objective = pipeline.make_objective(s.objective, tiny[2])
+  w = Windows(tiny[3], s.train.seq_len, heldout=True)
+  again = evaluate(objective, trainable, frozen, w, s.train.eval_windows, 8)
+  assert again["top1_head0"] == pytest.approx(evals[best]["top1_head0"])
+
+
+def _tiny_corpus(params, cfg, path: str, fingerprint: str) -> None:
+  """A packed corpus of 12 documents the tiny target wrote (2 held out)."""
+  rng = np.random.default_rng(5)
+  plist = [
+    prompts.TrainPrompt("synthetic", i, str(i), tuple(int(t) for t in rng.integers(4, 64, 6)))
+    for i in range(12)
+  ]
+  engine = corpus.EngineSettings(
+    batch=4, refill=2, chunk_steps=4, max_new_tokens=20, prompt_bucket=8
+  )
+  out = path + ".dir"
+  manifest = {"target": "tiny", "target_weights": fingerprint}
+  corpus.build_corpus(params, cfg, plist, (), engine, out, manifest, 10_000)
+  corpus.pack_corpus(out, path, plist, n_heldout=2)
+
+
+def test_training_on_a_packed_corpus(tiny, tmp_path):
+  root, params, cfg = tiny[:3]
+  path = str(tmp_path / "tiny-corpus.npz")
+  _tiny_corpus(params, cfg, path, weights_fingerprint(params))
+  config = tiny_config("train_eagle3", root, steps=2)
+  config.data.corpus = path
+  config.data.cache_dir = str(tmp_path / "features")
+  config.train.update({"steps": 6, "eval_windows": 4})
+  _, _, _, heldout, _ = pipeline.run(config, str(tmp_path / "w"), lambda _: None)
+  docs = corpus.load_documents(path)
+  store = FeatureStore.open(str(tmp_path / "features" / "packed"))
+  assert store.tokens.tolist() == [t for d in docs for t in d.tokens]
+  assert store.heldout.tolist() == [d.heldout for d in docs] and store.heldout.sum() == 2
+  assert store.layers.shape[0] == 2 and heldout["top1_step1"] >= 0
+  with open(tmp_path / "features" / "manifest.json") as f:
+    recorded = json.load(f)["corpus"]
+  assert recorded["sha256"] == corpus.read_meta(path)["sha256"]
+  # A data-scaling run reads only the first N training positions.
+  w = Windows(store, 8, heldout=False, max_positions=40)
+  assert w.n_positions == 40 and w.n_windows == 5
+  with pytest.raises(ValueError, match="the cache has"):
+    Windows(store, 8, heldout=False, max_positions=10**6)
+  # A corpus another target wrote is refused, naming both fingerprints.
+  other = str(tmp_path / "other.npz")
+  _tiny_corpus(params, cfg, other, "0" * 64)
+  config.data.corpus = other
+  config.data.cache_dir = str(tmp_path / "features2")
+  with pytest.raises(CacheError, match="0000000000000000.*not by"):
+    pipeline.run(config, str(tmp_path / "w2"), lambda _: None)

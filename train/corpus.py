@@ -396,6 +396,23 @@ def pack_corpus(out_dir: str, path: str, prompts: Sequence[TrainPrompt], n_heldo
   return meta
 
 
+def meta_path_of(path: str) -> str:
+  """The `.json` beside a packed corpus file (its recipe, prompt hashes and sha256)."""
+  return path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json"
+
+
+def read_meta(path: str) -> dict:
+  """The metadata of the packed corpus at `path` (raises FileNotFoundError naming the file)."""
+  meta_path = meta_path_of(path)
+  if not os.path.exists(meta_path):
+    raise FileNotFoundError(
+      f"{meta_path} not found: a packed corpus is a .npz with its .json beside it "
+      "(train/make_corpus.py --pack writes both)"
+    )
+  with open(meta_path) as f:
+    return json.load(f)
+
+
 def load_documents(path: str) -> list:
   """The documents of a packed corpus file, checked against the sha256 in its `.json`.
 
@@ -407,9 +424,8 @@ def load_documents(path: str) -> list:
   """
   from train.teacher_forced import Document
 
-  meta_path = path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json"
-  with open(meta_path) as f:
-    meta = json.load(f)
+  meta_path = meta_path_of(path)
+  meta = read_meta(path)
   with open(path, "rb") as f:
     digest = hashlib.sha256(f.read()).hexdigest()
   if digest != meta["sha256"]:
@@ -438,9 +454,7 @@ def seed_from_packed(out_dir: str, path: str, manifest: dict) -> int:
   """
   if glob.glob(os.path.join(out_dir, "shard_*.npz")):
     return 0
-  meta_path = path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json"
-  with open(meta_path) as f:
-    packed = json.load(f)["manifest"]
+  packed = read_meta(path)["manifest"]
   diff = sorted(k for k in set(packed) | set(manifest) if packed.get(k) != manifest.get(k))
   if diff:
     raise ValueError(

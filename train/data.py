@@ -65,13 +65,28 @@ class Windows:
     seq_len: T.
     heldout: which documents.
     with_layers: also read the stored layer outputs.
+    max_positions: keep only the stream's first that many positions (a data-scaling subset).
   """
 
-  def __init__(self, store: FeatureStore, seq_len: int, heldout: bool, with_layers: bool = False):
+  def __init__(
+    self,
+    store: FeatureStore,
+    seq_len: int,
+    heldout: bool,
+    with_layers: bool = False,
+    max_positions: int | None = None,
+  ):
     self.store, self.T, self.with_layers = store, seq_len, with_layers
     if with_layers and store.layers is None:
       raise ValueError("the feature cache has no layer outputs; rebuild it with hidden_layers")
-    self.idx, self.doc, self.pos, self.resp = _stream(store, heldout)
+    stream = _stream(store, heldout)
+    if max_positions is not None:
+      if max_positions > len(stream[0]):
+        raise ValueError(
+          f"asked for {max_positions} training positions; the cache has {len(stream[0])}"
+        )
+      stream = tuple(a[:max_positions] for a in stream)
+    self.idx, self.doc, self.pos, self.resp = stream
     self.n_windows = max(len(self.idx) // seq_len, 1)
 
   @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.integrity import write_json_atomic
 from train.checkpoint import Checkpointer
 from train.data import Windows, step_windows
 
@@ -109,6 +111,67 @@ def evaluate(objective, params, frozen, windows: Windows, n_windows: int, batch_
   return result
 
 
+_POSITION_KEY = re.compile(r"top1(?:_(?:step|head)(\d+))?$")
+
+
+def simulated_tau(ev: dict, k: int = 4) -> float:
+  """Expected tokens per verification of a K-token chain from held-out per-position agreement.
+
+  Drafted position i counts as accepted with its held-out rate a_i (EAGLE's step i, Medusa's head
+  i - 1, a draft LM's next-token rate for every i; positions past the measured ones reuse the last
+  rate), independently, so tau = 1 + sum_i prod_{j <= i} a_j. EAGLE's unrolled steps read the true
+  earlier tokens, so a_i approximates acceptance given positions < i were accepted; for Medusa's
+  heads it is a marginal rate and the product an estimate.
+  """
+  found = sorted(
+    (int(m.group(1) or 0), v) for key, v in ev.items() if (m := _POSITION_KEY.match(key))
+  )
+  if not found:
+    raise ValueError(f"no per-position agreement (top1*) among held-out metrics {sorted(ev)}")
+  rates = [v for _, v in found][:k]
+  rates += [rates[-1]] * (k - len(rates))
+  tau, run = 1.0, 1.0
+  for a in rates:
+    run *= a
+    tau += run
+  return tau
+
+
+class BestCheckpoint:
+  """The training state with the highest held-out `simulated_tau` so far, in `workdir/best`.
+
+  Its step and score are kept in `workdir/best/best.json` (written after the state), so a resumed
+  run keeps comparing against it.
+  """
+
+  def __init__(self, workdir: str, k: int = 4):
+    self.dir, self.k = os.path.join(workdir, "best"), k
+    self._meta_path = os.path.join(self.dir, "best.json")
+    self.step, self.tau, self.eval = None, -1.0, {}
+    if os.path.exists(self._meta_path):
+      with open(self._meta_path) as f:
+        meta = json.load(f)
+      self.step, self.tau, self.eval = meta["step"], meta["simulated_tau"], meta["eval"]
+    self._ckpt = Checkpointer(os.path.join(self.dir, "state"), max_to_keep=1)
+
+  def offer(self, step: int, ev: dict, state) -> bool:
+    """Keeps `state` if its held-out simulated tau beats the best; returns whether it did."""
+    tau = simulated_tau(ev, self.k)
+    if tau <= self.tau:
+      return False
+    if self.step != step:
+      self._ckpt.save(step, state)
+    self.step, self.tau, self.eval = step, tau, ev
+    write_json_atomic(self._meta_path, {"step": step, "simulated_tau": tau, "eval": ev})
+    return True
+
+  def restore(self, abstract_state):
+    return self._ckpt.restore(abstract_state, self.step)
+
+  def close(self) -> None:
+    self._ckpt.close()
+
+
 class MetricsLog:
   """Append-only JSONL of metrics; each line is flushed as soon as it is written."""
 
@@ -174,7 +237,11 @@ def train(
   log: Callable[[str], None] = print,
   stop_after: int | None = None,
 ) -> tuple[Any, dict]:
-  """Trains (or resumes training) and returns (trainable params, final held-out metrics).
+  """Trains (or resumes training) and returns (trainable params, their held-out metrics).
+
+  With held-out windows, the params returned are those of the evaluation (every `eval_every`
+  steps and at the end) with the highest `simulated_tau` (kept in `workdir/best`), and the
+  metrics theirs, with "step" and "simulated_tau" added; the last state stays in checkpoints/.
 
   Args:
     objective: a `train.objectives` objective.
@@ -194,6 +261,7 @@ def train(
   trainable = jax.tree.map(lambda x: jnp.array(x, copy=True), trainable)
   state = TrainState(jnp.zeros((), jnp.int32), trainable, optimizer.init(trainable))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+  best = BestCheckpoint(workdir) if eval_windows is not None else None
   if ckpt.latest_step() is not None:
     state = ckpt.restore(jax.eval_shape(lambda: state))
     log(f"resumed from step {int(state.step)}")
@@ -231,14 +299,28 @@ def train(
         ckpt.save(done, state)
       if eval_windows is not None and settings.eval_every and done % settings.eval_every == 0:
         ev = evaluate(objective, state.params, frozen, eval_windows, settings.eval_windows, 8)
+        ev["simulated_tau"] = simulated_tau(ev)
         metrics.write({"step": done, "eval": ev})
-        log(f"eval step {done}: " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
-    final = {}
+        kept = best.offer(done, ev, state)
+        log(
+          f"eval step {done}: "
+          + " ".join(f"{k} {v:.4f}" for k, v in ev.items())
+          + (" (best)" if kept else "")
+        )
+    final, params = {}, state.params
     if eval_windows is not None:
       final = evaluate(objective, state.params, frozen, eval_windows, settings.eval_windows, 8)
+      final["simulated_tau"] = simulated_tau(final)
       metrics.write({"step": int(state.step), "eval": final, "final": True})
       log("held-out: " + " ".join(f"{k} {v:.4f}" for k, v in final.items()))
+      best.offer(int(state.step), final, state)
+      if best.step != int(state.step):
+        params, final = best.restore(jax.eval_shape(lambda: state)).params, best.eval
+        log(f"keeping step {best.step} (held-out simulated tau {best.tau:.3f})")
+      final = {**final, "step": best.step}
   finally:
     metrics.close()
     ckpt.close()
-  return state.params, final
+    if best is not None:
+      best.close()
+  return params, final

@@ -14,8 +14,16 @@ import ml_collections
 from specjax.loading.registry import cache_root
 
 SMOLLM2 = "smollm2-135m-instruct"
-# The self-distilled SmolLM2 cache every shipped drafter was trained on (outside the repository).
+# The self-distilled SmolLM2 cache the first shipped drafters were trained on (outside the repository).
 SMOLLM2_FEATURES = "smollm2-v1"
+# The committed self-distilled corpus (train/make_corpus.py): 3,072 documents, 1.0M response tokens.
+SMOLLM2_CORPUS = os.path.join(
+  os.path.dirname(os.path.abspath(__file__)), "corpora", "smollm2-sd-v1.npz"
+)
+# Its features: the final hidden state and the layers an EAGLE-3 head fuses, one cache for every
+# drafter kind (outside the repository, ~5.6 GB in float16).
+SMOLLM2_CORPUS_LAYERS = (2, 15, 27)
+SMOLLM2_CORPUS_FEATURES = "smollm2-sd-v1-l2-15-27"
 
 
 def feature_cache(name: str) -> str:
@@ -36,6 +44,10 @@ def base_config() -> ml_collections.ConfigDict:
   # A cache whose documents this one re-reads through the target, one pass each (no decoding), to
   # record features.hidden_layers (train.teacher_forced); "" decodes the recipe's prompts.
   c.data.read_through_from = ""
+  # A packed self-distilled corpus whose documents are read through the target once each (its
+  # own held-out split; the recipe is unused); "" uses the recipe or read_through_from instead.
+  c.data.corpus = ""
+  c.data.train_positions = 0  # > 0: only the first N training positions (data-scaling runs)
   c.data.recipe = ml_collections.ConfigDict(
     dict(
       n_sharegpt=1200,
@@ -91,10 +103,20 @@ def base_config() -> ml_collections.ConfigDict:
   return c
 
 
+def use_corpus(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """Trains on the committed SmolLM2 corpus through its shared feature cache."""
+  config.data.corpus = SMOLLM2_CORPUS
+  config.data.cache_dir = feature_cache(SMOLLM2_CORPUS_FEATURES)
+  config.data.features.hidden_layers = SMOLLM2_CORPUS_LAYERS
+  config.train.seq_len = 512
+  return config
+
+
 def apply_variant(config: ml_collections.ConfigDict, arg: str) -> ml_collections.ConfigDict:
   """ "" is the full run; "tiny" a seconds-long run on a tiny target (set config.target)."""
   if arg == "tiny":
     config.target = ""  # tests point this at a tiny Hugging Face directory
+    config.data.corpus = ""
     config.data.cache_dir = feature_cache("tiny-synthetic")
     config.data.synthetic_prompts = 64
     config.data.draft_vocab = 48
