@@ -184,6 +184,8 @@ class EagleObjective:
     cfg: the head layer's config (n_layers = 1, vocab_size = the target's V).
     steps: unrolled draft steps.
     fuse_layers: target layers fused into the feature (EAGLE-3), or ().
+    fuse_norm: normalise each fused layer (RMSNorm, weights initialised from the input norm of
+      the target layer that reads it) before fusing; False fuses the raw outputs.
     w_reg: weight of the feature regression (EAGLE-1; 0 for EAGLE-3).
     w_cls: weight of the distillation cross-entropy.
     decay: step j's weight is decay ** (j - 1).
@@ -197,6 +199,7 @@ class EagleObjective:
   w_cls: float = 0.1
   decay: float = 0.8
   init_layer: int = -1
+  fuse_norm: bool = True
   name = "eagle"
 
   def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
@@ -213,6 +216,9 @@ class EagleObjective:
     if self.fuse_layers:
       n = len(self.fuse_layers)
       trainable["fuse"] = jnp.tile(jnp.eye(D), (1, n)) / n  # starts as the mean of the layers
+      if self.fuse_norm:  # what the target's next layer reads of each stream: its input norm
+        nxt = jnp.asarray([min(i + 1, tcfg.n_layers - 1) for i in self.fuse_layers])
+        trainable["fuse_norm"] = target.layers.attn_norm[nxt]
       trainable["norm"] = target.final_norm
       trainable["head"] = frozen["head"]
     return trainable, frozen
@@ -226,6 +232,7 @@ class EagleObjective:
       embed=frozen["embed"],
       fuse=trainable.get("fuse"),
       norm=trainable.get("norm"),
+      fuse_norm=trainable.get("fuse_norm"),
     )
 
   def unroll(self, trainable, frozen, batch: Batch) -> list[jax.Array]:

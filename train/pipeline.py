@@ -116,6 +116,7 @@ def make_objective(o: dict, tcfg: ModelConfig):
       w_cls=o.get("w_cls", 0.1),
       decay=o.get("decay", 0.8),
       init_layer=o.get("init_layer", -1),
+      fuse_norm=o.get("fuse_norm", True),
     )
   raise ValueError(f"unknown drafter kind {kind!r}; expected draft_lm, medusa or eagle")
 

@@ -80,6 +80,7 @@ def base_config() -> ml_collections.ConfigDict:
       w_reg=1.0,
       w_cls=0.1,
       init_layer=-1,
+      fuse_norm=True,
     )
   )
   c.train = ml_collections.ConfigDict(

@@ -135,6 +135,7 @@ def load_shipped(
       embed=target_params.embed,
       fuse=t.get("fuse"),
       norm=t.get("norm"),
+      fuse_norm=t.get("fuse_norm"),
     )
   else:
     raise ShippedDrafterError(f"unknown drafter kind {kind!r}")
