@@ -18,10 +18,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config = use_corpus(base_config())
   config.objective.kind = "medusa"
   config.objective.n_heads = 4
-  config.train.steps = 100  # ~20 min on a shared 2-core CPU
+  config.train.steps = 450  # ~0.8 epoch of the corpus; 1.6 s/step on 2 cores
   config.train.lr = 2e-3
   config.train.batch_size = 4
-  config.train.warmup = 10
-  config.train.save_every = 10
+  config.train.warmup = 20
+  config.train.save_every = 50
+  config.train.eval_every = 50
+  config.train.eval_windows = 32
   config.ship.name = "medusa4-smollm2-135m"
   return apply_variant(config, arg)
