@@ -450,3 +450,21 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   config.data.cache_dir = str(tmp_path / "features2")
   with pytest.raises(CacheError, match="0000000000000000.*not by"):
     pipeline.run(config, str(tmp_path / "w2"), lambda _: None)
+
+
+def test_curve_tables_read_a_run(tmp_path):
+  from train import curve
+
+  w = tmp_path / "run"
+  (w / "best").mkdir(parents=True)
+  evals = [{"top1_step1": 0.2, "top1_step2": 0.1}, {"top1_step1": 0.3, "top1_step2": 0.2}]
+  with open(w / "metrics.jsonl", "w") as f:
+    for step, ev in zip((10, 20), evals):
+      f.write(json.dumps({"step": step, "loss": 1.0, "tokens_per_s": 1.0}) + "\n")
+      f.write(json.dumps({"step": step, "eval": {**ev, "simulated_tau": simulated_tau(ev)}}) + "\n")
+  best = {"step": 20, "simulated_tau": simulated_tau(evals[1]), "eval": evals[1]}
+  (w / "best" / "best.json").write_text(json.dumps(best))
+  (w / "run.json").write_text(json.dumps({"train_positions": 5000}))
+  table = curve.curve_table(str(w))
+  assert "| 20 (kept) | 0.300 | 0.200 | 1.374 |" in table and "| 10 | 0.200 | 0.100 |" in table
+  assert "| run | 5000 | 20 | 0.300 / 0.200 | 1.374 |" in curve.scaling_table([str(w)])

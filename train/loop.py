@@ -45,7 +45,7 @@ class TrainSettings:
     log_every: steps between progress lines.
     eval_every: steps between held-out evaluations (0: only at the end).
     save_every: steps between checkpoints.
-    eval_windows: held-out windows evaluated.
+    eval_windows: held-out windows evaluated (0: no held-out evaluation).
   """
 
   steps: int = 1000
@@ -261,6 +261,8 @@ def train(
   trainable = jax.tree.map(lambda x: jnp.array(x, copy=True), trainable)
   state = TrainState(jnp.zeros((), jnp.int32), trainable, optimizer.init(trainable))
   ckpt = Checkpointer(os.path.join(workdir, "checkpoints"))
+  if not settings.eval_windows:
+    eval_windows = None  # no held-out evaluation
   best = BestCheckpoint(workdir) if eval_windows is not None else None
   if ckpt.latest_step() is not None:
     state = ckpt.restore(jax.eval_shape(lambda: state))
