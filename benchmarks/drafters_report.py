@@ -104,8 +104,10 @@ def main(argv):
   for n, s in shipped.items():
     costs[n] = cost_ratios(target, s, k, _REPS.value)
     held = ", ".join(
-      f"{a} {b:.3f}" for a, b in s.metadata["heldout"].items() if a != "eval_positions"
+      f"{a} {b:.3f}" for a, b in s.metadata["heldout"].items() if a.startswith("top1")
     )
+    if "simulated_tau" in s.metadata["heldout"]:
+      held += f"; simulated tau {s.metadata['heldout']['simulated_tau']:.2f}"
     cst = costs[n]
     print(
       f"| {n} | {s.kind} | {held} | {cst['c']:.3f} | {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
