@@ -201,11 +201,13 @@ def test_default_cache_paths_follow_specjax_cache(tmp_path, monkeypatch):
     for arg in ("", "tiny"):
       c = load_config(name, arg)
       assert c.data.cache_dir.startswith(feats + os.sep), (name, arg, c.data.cache_dir)
-  full = load_config("train_eagle3", "")
-  assert full.data.read_through_from == os.path.join(feats, "smollm2-v1")
-  assert load_config("train_medusa", "").data.cache_dir == os.path.join(feats, "smollm2-v1")
+  shared = "smollm2-sd-v1-l2-15-27"  # every corpus-trained kind shares one cache
+  for name in ("train_medusa", "train_eagle", "train_draft_lm", "train_eagle3"):
+    full = load_config(name, "")
+    assert full.data.cache_dir == os.path.join(feats, shared), name
+    assert os.path.exists(full.data.corpus), name  # the committed corpus, not a cache
   monkeypatch.delenv("SPECJAX_CACHE")
-  home = os.path.join(os.path.expanduser("~"), ".cache", "specjax", "features", "smollm2-v1")
+  home = os.path.join(os.path.expanduser("~"), ".cache", "specjax", "features", shared)
   assert load_config("train_medusa", "").data.cache_dir == home
 
 
