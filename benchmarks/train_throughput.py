@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import statistics
 import sys
-import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -29,6 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from specjax.experiment.costs import median_time  # noqa: E402
 from specjax.loading.registry import load_model  # noqa: E402
 from train import pipeline  # noqa: E402
 from train.data import Batch  # noqa: E402
@@ -69,16 +68,6 @@ def random_batch(key, B: int, T: int, D: int, n_layers: int, vocab: int) -> Batc
   )
 
 
-def median_seconds(fn, repeats: int) -> float:
-  jax.block_until_ready(fn())  # compile and warm up
-  times = []
-  for _ in range(repeats):
-    t0 = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - t0)
-  return statistics.median(times)
-
-
 def load() -> str:
   return f"load {os.getloadavg()[0]:.2f}"
 
@@ -104,9 +93,9 @@ def time_kind(kind: str, params, tcfg, repeats: int) -> str:
 
   forward = jax.jit(objective.loss)
   tp = jax.jit(target_logp)
-  t_step = median_seconds(one_step, repeats)
-  t_fwd = median_seconds(lambda: forward(state[0].params, frozen, batch), repeats)
-  t_tp = median_seconds(lambda: tp(batch.hidden, frozen["head"]), repeats)
+  t_step = median_time(one_step, repeats)
+  t_fwd = median_time(lambda: forward(state[0].params, frozen, batch), repeats)
+  t_tp = median_time(lambda: tp(batch.hidden, frozen["head"]), repeats)
   return (
     f"{kind:8s} batch {B}x{T}: step {t_step:.2f} s = {B * T / t_step:.0f} positions/s | "
     f"forward {t_fwd:.2f} s ({t_fwd / t_step:.0%} of a step) | target_p {t_tp:.3f} s "
