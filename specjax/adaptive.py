@@ -40,9 +40,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from specjax.generate import is_stop
-from specjax.kv_cache import write_rows
-from specjax.model import forward
+from specjax.decode import DecodeState, target_step
+from specjax.drafters.base import StepResult
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,7 +237,7 @@ def run_adaptive(
   """The decode loop with a per-step choice among `steps` (one per `config.ks`).
 
   Args:
-    state: the loop state (`_SpecState` or `_TreeState`: fields seq, seq_len, done, metrics, ...).
+    state: the loop's `specjax.decode.DecodeState` (its metrics a `SpecMetrics`).
     steps: steps[i](state) -> state, one decode step with config.ks[i] drafts; every step returns
       the same shapes and updates `state.metrics` (committed drafts in `accepted`).
     config: the choices and the estimator.
@@ -276,29 +275,22 @@ def ar_step(s, *, params, cfg, gen, prompt_lens, budgets, observe, hidden_layers
   """One AR step in the speculative loops' state: every live row commits one target token.
 
   Args:
-    s: `_SpecState` or `_TreeState` (same fields); the cache holds seq[:, :seq_len - 1].
+    s: the chain or tree loop's `DecodeState`; the cache holds seq[:, :seq_len - 1].
     params, cfg, gen, prompt_lens, budgets: as in the decode loops.
     observe: observe(draft_state, seq, seq_len, new_seq, new_seq_len, n_committed, out, key) ->
       the drafter's state after the step (`observer`).
     hidden_layers: target layers the drafter consumes.
   """
   key, k_obs, k_tok = jax.random.split(s.key, 3)
-  last = jnp.take_along_axis(s.seq, (s.seq_len - 1)[:, None], 1)
-  out = forward(params, last, s.cache, cfg, hidden_layers=hidden_layers)
-  nxt = gen.sampling.sample(k_tok, out.logits[:, 0])  # [B]
-  live = ~s.done
-  m = live.astype(jnp.int32)  # a live row has budget left
-  seq = write_rows(s.seq, nxt[:, None], s.seq_len)
-  seq_len = s.seq_len + m
-  done = s.done | (is_stop(nxt, gen.stop_tokens) & live) | (seq_len - prompt_lens >= budgets)
+  seq, seq_len, done, m, out = target_step(
+    s, k_tok, params=params, cfg=cfg, sampling=gen.sampling, stop_tokens=gen.stop_tokens,
+    prompt_lens=prompt_lens, budgets=budgets, hidden_layers=hidden_layers,
+  )  # fmt: skip
   draft_state = observe(s.draft_state, s.seq, s.seq_len, seq, seq_len, m, out, k_obs)
   zeros = jnp.zeros_like(m)
-  metrics = s.metrics.update(live, zeros, zeros, m)
+  metrics = s.metrics.update(~s.done, zeros, zeros, m)
   cache = out.cache.with_lengths(seq_len - 1)
-  return dataclasses.replace(
-    s, seq=seq, seq_len=seq_len, cache=cache, draft_state=draft_state, done=done,
-    metrics=metrics, key=key,
-  )  # fmt: skip
+  return DecodeState(seq, seq_len, cache, draft_state, done, metrics, key)
 
 
 def pad_positions(x: jax.Array | None, width: int, axis: int) -> jax.Array | None:
@@ -360,9 +352,6 @@ def observer(drafter, params, width: int, stateless: bool, sampling, tree: bool 
   Raises:
     ValueError: for a stateful tree drafter with neither `catch_up` nor `observe`.
   """
-  from specjax.drafters.base import StepResult
-  from specjax.tree_speculative import TreeStepResult
-
   fn = getattr(drafter, "observe", None)
   lazy = stateless or hasattr(drafter, "catch_up")
   if tree and not lazy and fn is None:
@@ -375,7 +364,7 @@ def observer(drafter, params, width: int, stateless: bool, sampling, tree: bool 
     zeros = jnp.zeros_like(m)
     if tree:
       path = jnp.zeros((m.shape[0], width), jnp.int32)
-      step = TreeStepResult(seq_len, zeros, m, out.hidden, out.layer_hidden, path)
+      step = StepResult(seq_len, zeros, m, out.hidden, out.layer_hidden, path)
     else:
       step = StepResult(seq_len, zeros, m, out.hidden, out.layer_hidden)
     step = pad_step(step, width)

@@ -80,3 +80,26 @@ def read_rows(buf: jax.Array, starts: jax.Array, size: int) -> jax.Array:
     return jax.lax.dynamic_slice(b, (s,) + (0,) * (b.ndim - 1), (size,) + b.shape[1:])
 
   return jax.vmap(one)(buf, starts)
+
+
+def compact_path(cache: KVCache, base: jax.Array, path: jax.Array) -> KVCache:
+  """Moves the K/V at slots base + path[:, j] to base + j on every layer (per row).
+
+  Args:
+    cache: [L, B, S, ...] keys and values; lengths untouched.
+    base: [B] slot of node 0 (the root) in each row.
+    path: [B, P] node ids, path[:, 0] = 0.
+
+  Returns:
+    The cache with the path's entries contiguous from `base`. Gathers before it scatters, so
+    overlapping sources and destinations are fine; slots past the committed length get junk.
+  """
+  B, P = path.shape
+  rows = jnp.arange(B)[:, None]
+  src = base[:, None] + path
+  dst = base[:, None] + jnp.arange(P, dtype=jnp.int32)[None, :]
+
+  def move(buf):
+    return buf.at[:, rows, dst].set(buf[:, rows, src], mode="promise_in_bounds")
+
+  return KVCache(move(cache.k), move(cache.v), cache.lengths)

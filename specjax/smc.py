@@ -30,12 +30,20 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import StepResult
-from specjax.generate import check_capacity, extract_new_tokens, init_sequence, is_stop, prefill
-from specjax.kv_cache import KVCache, write_rows
+from specjax.decode import (
+  DecodeState,
+  Verified,
+  begin,
+  check_capacity,
+  finish,
+  last_tokens,
+  prefill,
+  run,
+  spec_step,
+)
+from specjax.kv_cache import KVCache
 from specjax.model import Params, forward
 from specjax.sampling import SamplingConfig
-from specjax.speculative import commit_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,19 +155,61 @@ class SMCOutput:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class _SMCState:
-  seq: jax.Array  # [R*N, S]
-  seq_len: jax.Array  # [R*N]
-  cache: KVCache
-  draft_state: Any
-  done: jax.Array  # [R*N]
-  logw: jax.Array  # [R, N]
-  log_z: jax.Array  # [R]
-  ess: jax.Array  # [R, C]
-  resamples: jax.Array  # [R]
-  passes: jax.Array  # [R]
-  cycle: jax.Array  # scalar
-  key: jax.Array
+class SMCStats:
+  """SMC-SD's counters (the `metrics` of its `DecodeState`, whose rows are R * N particles).
+
+  Attributes:
+    logw: [R, N] particle log-weights since the last resampling.
+    log_z: [R] accumulated log normaliser estimate.
+    ess: [R, C] effective sample size after each cycle (-1 past the end).
+    resamples: [R] resamplings so far.
+    passes: [R] verify passes (cycles) each request ran.
+    cycle: scalar cycle counter.
+  """
+
+  logw: jax.Array
+  log_z: jax.Array
+  ess: jax.Array
+  resamples: jax.Array
+  passes: jax.Array
+  cycle: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class SMCVerifier:
+  """SMC-SD's verify plug-in: every drafted token is kept, a bonus token is drawn from the
+  target's power conditional p_T^alpha / Z, and `account` adds each particle's importance
+  weight for what it committed (`incremental_log_weight`)."""
+
+  smc: SMCConfig
+  k: int
+  drafter_name: str = "the drafter"
+
+  def verify(self, key, s: DecodeState, prop, *, params, cfg, hidden_layers) -> Verified:
+    smc, K = self.smc, self.k
+    if prop.logq is None:
+      raise TypeError(f"SMC-SD needs draft distributions q; {self.drafter_name} yields none")
+    tokens = jnp.concatenate([last_tokens(s), prop.tokens], 1)
+    out = forward(params, tokens, s.cache, cfg, hidden_layers=hidden_layers)
+    logp = jax.nn.log_softmax(out.logits / smc.target_temperature, -1)  # [R*N, K + 1, V]
+    take = lambda lp: jnp.take_along_axis(lp, prop.tokens[..., None], -1)[..., 0]  # noqa: E731
+    power = smc.alpha * logp[:, K]
+    bonus = jax.random.categorical(key, power, -1).astype(jnp.int32)
+    cand = jnp.concatenate([prop.tokens, bonus[:, None]], 1)  # [R*N, K + 1]
+    n_acc = jnp.full(s.seq_len.shape, K, jnp.int32)
+    aux = (take(logp[:, :K]), take(prop.logq), jax.nn.logsumexp(power, -1))
+    return Verified(cand, n_acc, n_acc, out.cache, out.hidden, out.layer_hidden, aux=aux)
+
+  def account(self, st: SMCStats, live, v: Verified, m) -> SMCStats:
+    R, N = st.logw.shape
+    logp_draft, logq_draft, log_z_bonus = v.aux
+    inc = jax.vmap(incremental_log_weight, in_axes=(0, 0, 0, 0, None))(
+      logp_draft, logq_draft, log_z_bonus, m, self.smc.alpha
+    )
+    logw = st.logw + inc.reshape(R, N)
+    group_live = jnp.any(live.reshape(R, N), 1)
+    ess = st.ess.at[:, st.cycle].set(jnp.where(group_live, effective_sample_size(logw), -1.0))
+    return SMCStats(logw, st.log_z, ess, st.resamples, st.passes + group_live, st.cycle + 1)
 
 
 def batch_axes(make_state) -> Any:
@@ -218,7 +268,7 @@ def take_within_groups(tree, axes, ancestors: jax.Array):
   return _map_rows(take, tree, axes)
 
 
-def _rows(s: _SMCState):
+def _rows(s: DecodeState):
   return (s.seq, s.seq_len, s.done, s.cache, s.draft_state)
 
 
@@ -226,84 +276,41 @@ def _row_axes(draft_axes):
   return (0, 0, 0, KVCache(1, 1, 0), draft_axes)
 
 
-def _cycle(
-  s: _SMCState, *, params, draft_params, cfg, drafter, smc: SMCConfig, prompt_lens, draft_axes
-):
-  R, N = s.logw.shape
-  K = drafter.k
+def resample(s: DecodeState, key, need, smc: SMCConfig, draft_axes) -> DecodeState:
+  """Resamples the particles of the requests that `need` [R] it, within each request's rows."""
+  st = s.metrics
+  R, N = st.logw.shape
+  ancestors = jax.vmap(RESAMPLERS[smc.resampling])(jax.random.split(key, R), st.logw)  # [R, N]
+  ancestors = jnp.where(need[:, None], ancestors, jnp.arange(N)[None, :])
+  seq, seq_len, done, cache, draft_state = take_within_groups(
+    _rows(s), _row_axes(draft_axes), ancestors
+  )
+  log_mean_w = jax.nn.logsumexp(st.logw, -1) - math.log(N)
+  st = dataclasses.replace(
+    st,
+    logw=jnp.where(need[:, None], 0.0, st.logw),
+    log_z=st.log_z + jnp.where(need, log_mean_w, 0.0),
+    resamples=st.resamples + need,
+  )
+  return DecodeState(seq, seq_len, cache, draft_state, done, st, s.key)
+
+
+def _cycle(s: DecodeState, *, smc: SMCConfig, draft_axes, drafter, **kw) -> DecodeState:
+  """One SMC-SD cycle: `decode.spec_step` with the SMC verifier, then resampling where needed."""
   key, k_draft, k_bonus, k_res = jax.random.split(s.key, 4)
-  draft_sampling = SamplingConfig(temperature=smc.draft_temperature)
-  prop = drafter.propose(draft_params, s.draft_state, s.seq, s.seq_len, k_draft, draft_sampling)
-  if prop.logq is None:
-    raise TypeError(f"SMC-SD needs draft distributions q; {type(drafter).__name__} yields none")
-  last = jnp.take_along_axis(s.seq, (s.seq_len - 1)[:, None], 1)
-  out = forward(params, jnp.concatenate([last, prop.tokens], 1), s.cache, cfg)
-  logp = jax.nn.log_softmax(out.logits / smc.target_temperature, -1)  # [R*N, K + 1, V]
-  take = lambda lp: jnp.take_along_axis(lp, prop.tokens[..., None], -1)[..., 0]
-  logp_draft, logq_draft = take(logp[:, :K]), take(prop.logq)
-  power = smc.alpha * logp[:, K]
-  log_z_bonus = jax.nn.logsumexp(power, -1)
-  bonus = jax.random.categorical(k_bonus, power, -1).astype(jnp.int32)
-  cand = jnp.concatenate([prop.tokens, bonus[:, None]], 1)  # [R*N, K + 1]
-
-  live = ~s.done
-  budgets = jnp.full_like(prompt_lens, smc.max_new_tokens)
-  n_acc = jnp.full_like(prompt_lens, K)
-  m = jnp.where(
-    live, commit_count(cand, n_acc, s.seq_len - prompt_lens, budgets, smc.stop_tokens), 0
-  )
-  inc = jax.vmap(incremental_log_weight, in_axes=(0, 0, 0, 0, None))(
-    logp_draft, logq_draft, log_z_bonus, m, smc.alpha
-  )
-  seq = write_rows(s.seq, cand, s.seq_len)
-  seq_len = s.seq_len + m
-  committed = jnp.arange(K + 1)[None, :] < m[:, None]
-  hit_stop = jnp.any(is_stop(cand, smc.stop_tokens) & committed, 1)
-  done = s.done | hit_stop | (seq_len - prompt_lens >= smc.max_new_tokens)
-  draft_state = drafter.commit(
-    draft_params, prop.state, seq, seq_len, StepResult(s.seq_len, n_acc, m, out.hidden)
-  )
-  logw = s.logw + inc.reshape(R, N)
-  group_live = jnp.any(live.reshape(R, N), 1)
-  ess = effective_sample_size(logw)
-  s = _SMCState(
-    seq=seq,
-    seq_len=seq_len,
-    cache=out.cache.with_lengths(seq_len - 1),
-    draft_state=draft_state,
-    done=done,
-    logw=logw,
-    log_z=s.log_z,
-    ess=s.ess.at[:, s.cycle].set(jnp.where(group_live, ess, -1.0)),
-    resamples=s.resamples,
-    passes=s.passes + group_live,
-    cycle=s.cycle + 1,
-    key=key,
-  )
-
-  need = group_live & (ess < smc.ess_threshold * N)
+  R, N = s.metrics.logw.shape
+  group_live = jnp.any(~s.done.reshape(R, N), 1)  # the requests that run this cycle
+  s = spec_step(
+    s, drafter=drafter, verifier=SMCVerifier(smc, drafter.k, type(drafter).__name__), keys=(key, k_draft, k_bonus),
+    draft_sampling=SamplingConfig(temperature=smc.draft_temperature),
+    stop_tokens=smc.stop_tokens, **kw,
+  )  # fmt: skip
+  need = group_live & (effective_sample_size(s.metrics.logw) < smc.ess_threshold * N)
   if smc.ess_threshold >= 1.0:
     need = group_live  # "always" also covers an ESS of exactly N
-
-  def resample(s: _SMCState) -> _SMCState:
-    keys = jax.random.split(k_res, R)
-    ancestors = jax.vmap(RESAMPLERS[smc.resampling])(keys, s.logw)  # [R, N]
-    ancestors = jnp.where(need[:, None], ancestors, jnp.arange(N)[None, :])
-    seq, seq_len, done, cache, draft_state = take_within_groups(
-      _rows(s), _row_axes(draft_axes), ancestors
-    )
-    s = dataclasses.replace(
-      s, seq=seq, seq_len=seq_len, done=done, cache=cache, draft_state=draft_state
-    )
-    log_mean_w = jax.nn.logsumexp(s.logw, -1) - math.log(N)
-    return dataclasses.replace(
-      s,
-      logw=jnp.where(need[:, None], 0.0, s.logw),
-      log_z=s.log_z + jnp.where(need, log_mean_w, 0.0),
-      resamples=s.resamples + need,
-    )
-
-  return jax.lax.cond(jnp.any(need), resample, lambda s: s, s)
+  return jax.lax.cond(
+    jnp.any(need), lambda s: resample(s, k_res, need, smc, draft_axes), lambda s: s, s
+  )
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "smc"))
@@ -311,66 +318,57 @@ def _smc(params, draft_params, prompts, prompt_lens, key, cfg, drafter, smc: SMC
   R, Tp = prompts.shape
   N, K = smc.n_particles, drafter.k
   capacity = smc.capacity or Tp + smc.max_new_tokens + K + 1 + drafter.capacity_slack()
-  pre = prefill(params, cfg, prompts, prompt_lens, capacity)
+  pre = prefill(params, cfg, prompts, prompt_lens, capacity, drafter.hidden_layers)
   draft_state = drafter.init(draft_params, pre, prompts, prompt_lens, capacity)
 
   def draft_state_of(b):
     P, L = jnp.zeros((b, Tp), jnp.int32), jnp.ones((b,), jnp.int32)
-    return drafter.init(draft_params, prefill(params, cfg, P, L, capacity), P, L, capacity)
+    pre = prefill(params, cfg, P, L, capacity, drafter.hidden_layers)
+    return drafter.init(draft_params, pre, P, L, capacity)
 
   draft_axes = batch_axes(draft_state_of)
   # Fork: particle rows r * N + j share request r's prefill (a repeat, local to each data shard).
-  seq, lens, cache, draft_state = fork_rows(
-    (init_sequence(prompts, prompt_lens, capacity), prompt_lens, pre.cache, draft_state),
-    (0, 0, KVCache(1, 1, 0), draft_axes),
-    N,
+  prompts, lens, cache, draft_state = fork_rows(
+    (prompts, prompt_lens, pre.cache, draft_state), (0, 0, KVCache(1, 1, 0), draft_axes), N
   )
   key, k_first, k_loop = jax.random.split(key, 3)
   power = smc.alpha * jax.nn.log_softmax(pre.logits / smc.target_temperature, -1)  # [R, V]
   first = jax.random.categorical(k_first, jnp.repeat(power, N, 0), -1).astype(jnp.int32)  # [R*N]
-  seq = write_rows(seq, first[:, None], lens)
+  budgets = jnp.full_like(lens, smc.max_new_tokens)
   n_cycles = -(-(smc.max_new_tokens - 1) // (K + 1)) + 1
-  state = _SMCState(
-    seq=seq,
-    seq_len=lens + 1,
-    cache=cache,
-    draft_state=draft_state,
-    done=is_stop(first, smc.stop_tokens) | (smc.max_new_tokens <= 1),
+  stats = SMCStats(
     logw=jnp.zeros((R, N)),
     log_z=jax.nn.logsumexp(power, -1),
     ess=jnp.full((R, n_cycles), -1.0),
     resamples=jnp.zeros((R,), jnp.int32),
     passes=jnp.zeros((R,), jnp.int32),
     cycle=jnp.int32(0),
-    key=k_loop,
   )
+  state = begin(
+    prompts, lens, first, budgets, smc.stop_tokens, width=capacity, cache=cache,
+    draft_state=draft_state, metrics=stats, key=k_loop,
+  )  # fmt: skip
   body = functools.partial(
-    _cycle,
-    params=params,
-    draft_params=draft_params,
-    cfg=cfg,
-    drafter=drafter,
-    smc=smc,
-    prompt_lens=lens,
-    draft_axes=draft_axes,
-  )
-  state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
-  n_new = state.seq_len - lens
-  toks = extract_new_tokens(state.seq, lens, n_new, smc.max_new_tokens).reshape(R, N, -1)
-  n_new = n_new.reshape(R, N)
-  pick = jax.random.categorical(key, state.logw, -1)  # [R]
+    _cycle, params=params, draft_params=draft_params, cfg=cfg, drafter=drafter, smc=smc,
+    prompt_lens=lens, budgets=budgets, draft_axes=draft_axes,
+  )  # fmt: skip
+  state = run(state, body)
+  toks, n_new = finish(state, lens, smc.max_new_tokens)
+  toks, n_new = toks.reshape(R, N, -1), n_new.reshape(R, N)
+  logw = state.metrics.logw
+  pick = jax.random.categorical(key, logw, -1)  # [R]
   chosen = jax.vmap(lambda rows, i: rows[i])
-  log_z = state.log_z + jax.nn.logsumexp(state.logw, -1) - math.log(N)
+  log_z = state.metrics.log_z + jax.nn.logsumexp(logw, -1) - math.log(N)
   return SMCOutput(
     tokens=chosen(toks, pick),
     lengths=chosen(n_new, pick),
     log_z=log_z,
-    ess=state.ess,
-    resamples=state.resamples,
-    target_passes=state.passes,
+    ess=state.metrics.ess,
+    resamples=state.metrics.resamples,
+    target_passes=state.metrics.passes,
     particle_tokens=toks,
     particle_lengths=n_new,
-    log_weights=state.logw,
+    log_weights=logw,
   )
 
 

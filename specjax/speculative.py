@@ -1,6 +1,7 @@
 """Speculative decoding: draft, verify and accept, all rows and all steps in one compiled loop.
 
-Each iteration of the `lax.while_loop`:
+The loop is `specjax.decode`'s; `ChainVerifier` is its verify plug-in. Each iteration of the
+`lax.while_loop`:
   1. the drafter proposes K tokens per row (with their draft distributions q, or none);
   2. the target scores [last token, d_1 .. d_K] in one forward pass over K + 1 positions per row;
   3. the acceptance rule, vmapped over rows, keeps n_b drafts and draws one more token;
@@ -25,18 +26,22 @@ import jax.numpy as jnp
 from specjax import adaptive as adp
 from specjax.acceptance import GreedyRule, SpeculativeSamplingRule
 from specjax.config import ModelConfig
-from specjax.drafters.base import StepResult
-from specjax.generate import (
-  GenerateConfig,
+from specjax.decode import (
+  DecodeState,
+  Verified,
   check_capacity,
-  extract_new_tokens,
-  init_sequence,
-  is_stop,
-  prefill,
+  commit_count,  # noqa: F401 - re-exported
+  finish,
+  last_tokens,
+  row_budgets,
+  run,
+  spec_step,
+  start,
 )
-from specjax.kv_cache import KVCache, write_rows
+from specjax.generate import GenerateConfig
 from specjax.metrics import SpecMetrics
 from specjax.model import Params, forward
+from specjax.sampling import SamplingConfig
 
 
 @jax.tree_util.register_dataclass
@@ -58,63 +63,55 @@ class SpecOutput:
 
 
 def hidden_layers_of(drafter) -> tuple[int, ...]:
-  """Target layers a drafter consumes (its optional `hidden_layers` attribute)."""
-  return tuple(getattr(drafter, "hidden_layers", ()))
+  """Target layers a drafter consumes (`Drafter.hidden_layers`)."""
+  return tuple(drafter.hidden_layers)
 
 
-@jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class _SpecState:
-  seq: jax.Array  # [B, S]
-  seq_len: jax.Array  # [B]
-  cache: KVCache  # target cache, holds seq[:, :seq_len - 1]
-  draft_state: Any
-  done: jax.Array  # [B]
-  metrics: SpecMetrics
-  key: jax.Array
+class ChainVerifier:
+  """The chain loop's verify plug-in: the target scores [last token, d_1 .. d_K] in one pass and
+  the acceptance rule, vmapped over rows, keeps n_b drafts and draws one more token.
+
+  Attributes:
+    rule: an acceptance rule (`specjax.acceptance`).
+    sampling: how the target's logits are processed before the rule sees them.
+  """
+
+  rule: Any
+  sampling: SamplingConfig
+
+  def verify(self, key, s: DecodeState, prop, *, params, cfg, hidden_layers) -> Verified:
+    B = s.seq.shape[0]
+    verify_tokens = jnp.concatenate([last_tokens(s), prop.tokens], 1)  # [B, K + 1]
+    out = forward(params, verify_tokens, s.cache, cfg, hidden_layers=hidden_layers)
+    logp = self.sampling.logprobs(out.logits)  # [B, K + 1, V]
+    in_q = None if prop.logq is None else 0
+    n_acc, nxt = jax.vmap(self.rule, in_axes=(0, 0, in_q, 0, 0))(
+      jax.random.split(key, B), prop.tokens, prop.logq, logp, prop.n_drafted
+    )
+    # Candidates: d_1 .. d_n then the rule's token at index n (entries past n are junk).
+    cand = jnp.concatenate([prop.tokens, jnp.zeros((B, 1), jnp.int32)], 1)
+    cand = jnp.where(jnp.arange(cand.shape[1])[None, :] == n_acc[:, None], nxt[:, None], cand)
+    return Verified(cand, n_acc, prop.n_drafted, out.cache, out.hidden, out.layer_hidden)
+
+  def account(self, metrics: SpecMetrics, live, v: Verified, m) -> SpecMetrics:
+    return metrics.update(live, v.n_drafted, v.n_accepted, m)
 
 
-def commit_count(candidates, n_accepted, n_new, budgets, stop_tokens):
-  """Tokens each row appends: n_accepted + 1, cut after the first stop token and at the budget."""
-  k1 = candidates.shape[1]
-  pos = jnp.arange(k1)[None, :]
-  stops = is_stop(candidates, stop_tokens) & (pos <= n_accepted[:, None])
-  first_stop = jnp.where(jnp.any(stops, 1), jnp.argmax(stops, 1), k1)
-  return jnp.minimum(jnp.minimum(n_accepted + 1, first_stop + 1), budgets - n_new)
-
-
-def _spec_step(
-  s: _SpecState, *, params, draft_params, cfg, drafter, rule, gen, prompt_lens, budgets
-):
-  B = s.seq.shape[0]
-  key, k_draft, k_rule = jax.random.split(s.key, 3)
-  prop = drafter.propose(draft_params, s.draft_state, s.seq, s.seq_len, k_draft, gen.sampling)
-  last = jnp.take_along_axis(s.seq, (s.seq_len - 1)[:, None], 1)
-  verify_tokens = jnp.concatenate([last, prop.tokens], 1)  # [B, K + 1]
-  out = forward(params, verify_tokens, s.cache, cfg, hidden_layers=hidden_layers_of(drafter))
-  logp = gen.sampling.logprobs(out.logits)  # [B, K + 1, V]
-  rule_keys = jax.random.split(k_rule, B)
-  in_q = None if prop.logq is None else 0
-  n_acc, nxt = jax.vmap(rule, in_axes=(0, 0, in_q, 0, 0))(
-    rule_keys, prop.tokens, prop.logq, logp, prop.n_drafted
+def _spec_step(s: DecodeState, *, gen, rule, **kw) -> DecodeState:
+  """One chain step (`decode.spec_step` with the chain verifier)."""
+  verifier = ChainVerifier(rule, gen.sampling)
+  return spec_step(
+    s, verifier=verifier, draft_sampling=gen.sampling, stop_tokens=gen.stop_tokens, **kw
   )
-  # Candidates: d_1 .. d_n then the rule's token at index n (entries past n are junk).
-  cand = jnp.concatenate([prop.tokens, jnp.zeros((B, 1), jnp.int32)], 1)
-  cand = jnp.where(jnp.arange(cand.shape[1])[None, :] == n_acc[:, None], nxt[:, None], cand)
-  live = ~s.done
-  n_new = s.seq_len - prompt_lens
-  m = jnp.where(live, commit_count(cand, n_acc, n_new, budgets, gen.stop_tokens), 0)
-  seq = write_rows(s.seq, cand, s.seq_len)  # past seq_len + m (and for done rows) it stays stale
-  seq_len = s.seq_len + m
-  committed = jnp.arange(cand.shape[1])[None, :] < m[:, None]
-  hit_stop = jnp.any(is_stop(cand, gen.stop_tokens) & committed, 1)
-  done = s.done | hit_stop | (seq_len - prompt_lens >= budgets)
-  step = StepResult(s.seq_len, n_acc, m, out.hidden, out.layer_hidden)
-  draft_state = drafter.commit(draft_params, prop.state, seq, seq_len, step)
-  metrics = s.metrics.update(live, prop.n_drafted, n_acc, m)
-  return _SpecState(
-    seq, seq_len, out.cache.with_lengths(seq_len - 1), draft_state, done, metrics, key
-  )
+
+
+def step_keywords(params, draft_params, cfg, drafter, rule, gen, prompt_lens, budgets) -> dict:
+  """The keyword arguments of a speculative loop's step function (and of `adaptive_loop`)."""
+  return dict(
+    params=params, draft_params=draft_params, cfg=cfg, drafter=drafter, rule=rule, gen=gen,
+    prompt_lens=prompt_lens, budgets=budgets,
+  )  # fmt: skip
 
 
 def adaptive_loop(state, step_kw: dict, drafter, stateless: bool, adaptive, step_costs):
@@ -126,7 +123,7 @@ def adaptive_loop(state, step_kw: dict, drafter, stateless: bool, adaptive, step
   ar = functools.partial(
     adp.ar_step, params=step_kw["params"], cfg=step_kw["cfg"], gen=gen,
     prompt_lens=step_kw["prompt_lens"], budgets=step_kw["budgets"], observe=observe,
-    hidden_layers=hidden_layers_of(drafter),
+    hidden_layers=drafter.hidden_layers,
   )  # fmt: skip
 
   def make_step(k):
@@ -144,35 +141,19 @@ def _speculative(
 ):  # fmt: skip
   B, Tp = prompts.shape
   capacity = gen.capacity or Tp + gen.max_new_tokens + drafter.k + 1 + drafter.capacity_slack()
-  pre = prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers_of(drafter))
-  key, sub = jax.random.split(key)
-  first = gen.sampling.sample(sub, pre.logits)
-  seq = init_sequence(prompts, prompt_lens, capacity)
-  seq = seq.at[jnp.arange(B), prompt_lens].set(first)
-  draft_state = drafter.init(draft_params, pre, prompts, prompt_lens, capacity)
-  done = is_stop(first, gen.stop_tokens) | (budgets <= 1)
-  state = _SpecState(
-    seq, prompt_lens + 1, pre.cache, draft_state, done, SpecMetrics.zeros(B, drafter.k), key
-  )
-  body = functools.partial(
-    _spec_step,
-    params=params,
+  state = start(
+    params, cfg, prompts, prompt_lens, budgets, key, capacity=capacity, sampling=gen.sampling,
+    stop_tokens=gen.stop_tokens, metrics=SpecMetrics.zeros(B, drafter.k), drafter=drafter,
     draft_params=draft_params,
-    cfg=cfg,
-    drafter=drafter,
-    rule=rule,
-    gen=gen,
-    prompt_lens=prompt_lens,
-    budgets=budgets,
-  )
+  )  # fmt: skip
+  kw = step_keywords(params, draft_params, cfg, drafter, rule, gen, prompt_lens, budgets)
   trace = None
   if adaptive is None:
-    state = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+    state = run(state, functools.partial(_spec_step, **kw))
   else:
-    stateless = not jax.tree.leaves(draft_state)
-    state, trace = adaptive_loop(state, body.keywords, drafter, stateless, adaptive, step_costs)
-  n_new = state.seq_len - prompt_lens
-  tokens = extract_new_tokens(state.seq, prompt_lens, n_new, gen.max_new_tokens)
+    stateless = not jax.tree.leaves(state.draft_state)
+    state, trace = adaptive_loop(state, kw, drafter, stateless, adaptive, step_costs)
+  tokens, n_new = finish(state, prompt_lens, gen.max_new_tokens)
   return SpecOutput(tokens, n_new, state.metrics, trace)
 
 
@@ -225,9 +206,7 @@ def speculative_generate(
     )
   slack = drafter.k + 1 + drafter.capacity_slack()
   check_capacity(Tp, gen.max_new_tokens, slack, gen.capacity)
-  budgets = jnp.full((B,), gen.max_new_tokens, jnp.int32)
-  if max_new_per_row is not None:
-    budgets = jnp.minimum(budgets, jnp.asarray(max_new_per_row, jnp.int32))
+  budgets = row_budgets(B, gen.max_new_tokens, max_new_per_row)
   key = jax.random.PRNGKey(0) if key is None else key
   prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
   return _speculative(

@@ -6,6 +6,7 @@ CPU devices (JAX fixes the device count when it initialises), as tests/test_shar
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -20,9 +21,10 @@ from toy_models import exact_continuation_probs, tiny_model
 
 from specjax import sharding as sh
 from specjax import smc as smc_lib
-from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
-from specjax.generate import pad_prompts
+from specjax.drafters import DraftModelDrafter, EagleDrafter, EagleParams, PromptLookupDrafter
+from specjax.generate import pad_prompts, prefill
 from specjax.kv_cache import KVCache
+from specjax.model import init_params
 from specjax.sampling import SamplingConfig
 from specjax.smc import (
   SMCConfig,
@@ -208,6 +210,101 @@ def test_drafter_without_q_is_an_error(toy):
       SMCConfig(max_new_tokens=4),
       jax.random.PRNGKey(0),
     )
+
+
+# ---- EAGLE-3 under SMC-SD: the target's layer outputs reach the head in prefill and every cycle ----
+
+LAYERS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def eagle3_toy():
+  """A 2-layer V = 4 target and an EAGLE-3 head (random weights) fusing both of its layers."""
+  kw = dict(vocab=V, d_model=16, n_heads=2, n_kv_heads=1)
+  target, cfg = tiny_model(22, scale=0.3, n_layers=2, **kw)
+  hcfg = cfg.replace(n_layers=1)
+  D = cfg.d_model
+  keys = jax.random.split(jax.random.PRNGKey(23), 5)
+  layer = jax.tree.map(lambda a: a[0], init_params(keys[0], hcfg, scale=0.15).layers)
+  head = EagleParams(
+    w_in=0.15 * jax.random.normal(keys[1], (D, 2 * D)),
+    layer=layer,
+    head=0.15 * jax.random.normal(keys[2], (V, D)),
+    d2t=jnp.arange(V, dtype=jnp.int32),
+    embed=target.embed,
+    fuse=0.15 * jax.random.normal(keys[3], (D, len(LAYERS) * D)),
+    norm=jnp.ones(D),
+  )
+  return target, cfg, hcfg, head
+
+
+def test_eagle3_smc_is_consistent(eagle3_toy):
+  """SMC-SD with an EAGLE-3 drafter approaches the target's law as N grows (as the draft-model
+  consistency test above)."""
+  target, cfg, hcfg, head = eagle3_toy
+  P, L = pad_prompts([PROMPT] * R, bucket=len(PROMPT))
+  pi = _power_target(target, cfg, 3, 1.0)
+  drafter = EagleDrafter(hcfg, k=1, hidden_layers=LAYERS)
+  tv = {}
+  for n in (1, 32):
+    smc = SMCConfig(n_particles=n, max_new_tokens=3, draft_temperature=1.0)
+    out = smc_generate(target, cfg, drafter, head, P, L, smc, jax.random.PRNGKey(40 + n))
+    assert (np.asarray(out.lengths) == 3).all()
+    tv[n] = _tv(np.asarray(out.tokens)[:, :3], pi)
+  assert tv[1] > 0.1, tv  # the head alone is far from the target: the test has something to fix
+  assert tv[32] < 0.05, tv
+
+
+def test_eagle3_smc_drafts_from_the_target_layers(eagle3_toy):
+  """With one particle and a near-zero draft temperature the drafts of each cycle are the head's
+  greedy proposals from a fresh start on the sequence so far, which fuse the target's layers 0 and
+  1 (with those features zeroed the proposals differ: the check can fail)."""
+  target, cfg, hcfg, head = eagle3_toy
+  K, cycles = 2, 2
+  prompts = [
+    PROMPT,
+    PROMPT[:2],
+    PROMPT[::-1],
+    [3, 3, 0, 2, 1, 1],
+    [2],
+    [0, 1, 2],
+    [1, 3],
+    [2, 2, 0],
+  ]
+  P, L = pad_prompts(prompts, bucket=6)
+  drafter = EagleDrafter(hcfg, k=K, hidden_layers=LAYERS)
+  smc = SMCConfig(
+    n_particles=1, max_new_tokens=1 + cycles * (K + 1), draft_temperature=1e-4, ess_threshold=0.0
+  )
+  out = np.asarray(
+    smc_generate(target, cfg, drafter, head, P, L, smc, jax.random.PRNGKey(0)).tokens
+  )
+  greedy = SamplingConfig(temperature=0.0)
+
+  def fresh_drafts(ctx, first, zero_layers=False):
+    x, n = pad_prompts([ctx], bucket=16)
+    pre = prefill(target, cfg, x, n, 40, LAYERS)
+    if zero_layers:
+      pre = dataclasses.replace(pre, layer_hidden=jnp.zeros_like(pre.layer_hidden))
+    seq = (
+      jnp.zeros((1, 40), jnp.int32)
+      .at[0, : len(ctx)]
+      .set(jnp.asarray(ctx))
+      .at[0, len(ctx)]
+      .set(first)
+    )
+    state = drafter.init(head, pre, x, n, 40)
+    prop = drafter.propose(head, state, seq, n + 1, jax.random.PRNGKey(1), greedy)
+    return np.asarray(prop.tokens[0]).tolist()
+
+  differs = False
+  for prompt, row in zip(prompts, out):
+    for c in range(cycles):
+      ctx, first = list(prompt) + row[: c * (K + 1)].tolist(), int(row[c * (K + 1)])
+      drafts = row[c * (K + 1) + 1 : c * (K + 1) + 1 + K].tolist()
+      assert drafts == fresh_drafts(ctx, first), (prompt, c)
+      differs |= drafts != fresh_drafts(ctx, first, zero_layers=True)
+  assert differs
 
 
 # ---- particle rows: fork and resample within each request's group ----

@@ -1,7 +1,7 @@
 """Drafters: pure-function proposal mechanisms that plug into the speculative decode loop.
 
-Tree drafters live in `specjax.drafters.tree_draft_model`, `tree_heads` and `tree_eagle`; they are not
-re-exported here because they import the tree loop, which imports this package.
+Tree drafters live in `specjax.drafters.tree_draft_model`, `tree_heads`, `tree_eagle` and `suffix`;
+both protocols (chain and tree) are in `specjax.drafters.base`, which imports no loop.
 """
 
 from specjax.drafters.base import Drafter, Proposal, StepResult

@@ -9,6 +9,7 @@ overwritten later), so no step is wasted re-feeding the last accepted draft afte
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +50,7 @@ class DraftModelDrafter:
 
   cfg: ModelConfig
   k: int = 4
+  hidden_layers: ClassVar[tuple[int, ...]] = ()  # reads no target layers
 
   def capacity_slack(self) -> int:
     return 1  # the junk slot of the two-token catch-up window

@@ -8,6 +8,7 @@ The search is vectorised on device over every start position of the prompt and g
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,7 @@ class PromptLookupDrafter:
   k: int = 4
   max_ngram: int = 3
   min_ngram: int = 1
+  hidden_layers: ClassVar[tuple[int, ...]] = ()  # reads no target layers
 
   def __post_init__(self):
     if not 1 <= self.min_ngram <= self.max_ngram:

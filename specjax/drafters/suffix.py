@@ -44,9 +44,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.base import Proposal, StepResult, TreeProposal, TreeStepResult
 from specjax.sampling import SamplingConfig
-from specjax.tree_speculative import TreeProposal, TreeStepResult
 from specjax.trees import TokenTree, ancestor_mask, children_table
 
 SEP = -1  # separator and padding in the global buffer (never equal to a token id)

@@ -36,11 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
+from specjax.drafters.base import TreeProposal, TreeStepResult
 from specjax.drafters.draft_model import catch_up_cache
-from specjax.kv_cache import KVCache, init_cache, read_rows
+from specjax.kv_cache import KVCache, compact_path, init_cache, read_rows
 from specjax.model import forward
 from specjax.sampling import SamplingConfig
-from specjax.tree_speculative import TreeProposal, TreeStepResult, compact_path
 from specjax.trees import StaticTree, TokenTree, ancestor_mask, children_table
 
 

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
+from specjax.drafters.base import TreeProposal, TreeStepResult
 from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
 from specjax.drafters.eagle import (
   EagleDrafter,
@@ -44,7 +45,6 @@ from specjax.drafters.tree_draft_model import check_dynamic_tree_size, select_dy
 from specjax.kv_cache import KVCache, read_rows, write_rows
 from specjax.model import attention_mask
 from specjax.sampling import SamplingConfig
-from specjax.tree_speculative import TreeProposal, TreeStepResult
 
 
 def tree_layer(params: EagleParams, x, positions, new_mask, cache: KVCache, cfg: ModelConfig):

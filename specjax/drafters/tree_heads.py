@@ -28,8 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.drafters.base import TreeProposal, TreeStepResult
 from specjax.sampling import SamplingConfig
-from specjax.tree_speculative import TreeProposal, TreeStepResult
 from specjax.trees import StaticTree, static_token_tree
 
 CandidateSource = Callable[..., tuple[jax.Array, jax.Array | None]]
