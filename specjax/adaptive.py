@@ -316,11 +316,10 @@ def pad_step(step, width: int):
 class Adapted:
   """A drafter as the adaptive loop's speculative steps run it.
 
-  `propose` first catches the drafter's state up with the tokens the AR steps committed, for a
-  drafter with `catch_up(params, state, seq, seq_len, width)` (draft models: their caches are fed
-  lazily, so AR steps cost them nothing); `commit` sees hidden states padded to `width` positions
-  whatever K the step ran (EAGLE keeps them as the next step's input, so its state has one shape).
-  Every other attribute is the drafter's.
+  `propose` first catches the drafter's state up with the tokens the AR steps committed
+  (`catch_up`: draft models feed their caches lazily, so AR steps cost them nothing); `commit` sees
+  hidden states padded to `width` positions whatever K the step ran (EAGLE keeps them as the next
+  step's input, so its state has one shape). Every other attribute is the drafter's.
   """
 
   inner: Any
@@ -332,8 +331,7 @@ class Adapted:
     return getattr(self.inner, name)
 
   def propose(self, params, state, seq, seq_len, key, sampling):
-    if hasattr(self.inner, "catch_up"):
-      state = self.inner.catch_up(params, state, seq, seq_len, self.width)
+    state = self.inner.catch_up(params, state, seq, seq_len, self.width)
     return self.inner.propose(params, state, seq, seq_len, key, sampling)
 
   def commit(self, params, state, seq, seq_len, step):
@@ -343,35 +341,20 @@ class Adapted:
 def observer(drafter, params, width: int, stateless: bool, sampling, tree: bool = False):
   """How an AR step of the adaptive loop keeps the drafter's state current (`ar_step`'s observe).
 
-  In order: stateless drafters (prompt lookup, suffix) and drafters that catch up lazily (draft
-  models, see `Adapted`): nothing. Drafters with `observe(params, state, seq, seq_len, new_seq,
-  new_seq_len, step, key)` (EAGLE: one head-layer pass over its pending features; Medusa: the new
-  hidden state): that, given the AR step as a step whose draft was rejected. Other chain drafters:
-  a discarded k = 1 proposal, then that commit. The cost is `CostTable.draft[0]`.
-
-  Raises:
-    ValueError: for a stateful tree drafter with neither `catch_up` nor `observe`.
+  Stateless drafters (prompt lookup, suffix): nothing. Others: their `observe`
+  (`specjax.drafters.base`: draft models do nothing there and catch up lazily; EAGLE runs one
+  head-layer pass over its pending features; Medusa takes the new hidden state; other chain
+  drafters make a discarded k = 1 proposal, then commit), given the AR step as a step whose draft
+  was rejected. The cost is `CostTable.draft[0]`.
   """
-  fn = getattr(drafter, "observe", None)
-  lazy = stateless or hasattr(drafter, "catch_up")
-  if tree and not lazy and fn is None:
-    raise ValueError(f"{type(drafter).__name__} cannot take an AR step (no catch_up or observe)")
-  one = None if tree or lazy or fn else dataclasses.replace(drafter, k=1)
 
   def observe(state, seq, seq_len, new_seq, new_seq_len, m, out, key):
-    if lazy:
+    if stateless:
       return state
+    path = jnp.zeros((m.shape[0], width), jnp.int32) if tree else None
     zeros = jnp.zeros_like(m)
-    if tree:
-      path = jnp.zeros((m.shape[0], width), jnp.int32)
-      step = StepResult(seq_len, zeros, m, out.hidden, out.layer_hidden, path)
-    else:
-      step = StepResult(seq_len, zeros, m, out.hidden, out.layer_hidden)
-    step = pad_step(step, width)
-    if fn is not None:
-      return fn(params, state, seq, seq_len, new_seq, new_seq_len, step, key)
-    state = one.propose(params, state, seq, seq_len, key, sampling).state
-    return drafter.commit(params, state, new_seq, new_seq_len, step)
+    step = pad_step(StepResult(seq_len, zeros, m, out.hidden, out.layer_hidden, path), width)
+    return drafter.observe(params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling)
 
   return observe
 

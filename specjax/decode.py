@@ -26,27 +26,9 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters.base import StepResult
+from specjax.drafters.base import Prefill, StepResult
 from specjax.kv_cache import KVCache, init_cache, write_rows
 from specjax.model import forward
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class Prefill:
-  """The target's pass over the prompts.
-
-  Attributes:
-    logits: [B, V] at each row's last prompt token.
-    hidden: [B, Tp, D] final hidden states over the padded prompt.
-    layer_hidden: [n, B, Tp, D] requested layer outputs, or None.
-    cache: holds every prompt token; lengths = prompt_lens (padding slots are stale).
-  """
-
-  logits: jax.Array
-  hidden: jax.Array
-  layer_hidden: jax.Array | None
-  cache: KVCache
 
 
 def prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers=()) -> Prefill:

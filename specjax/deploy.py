@@ -28,9 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.drafters.tree_heads import MedusaHeadParams
 from specjax.kv_cache import KVCache
-from specjax.loading.heads import Eagle3HeadParams, Eagle3LayerParams
+from specjax.loading.heads import Eagle3HeadParams, Eagle3LayerParams, MedusaHeadParams
 from specjax.model import init_params
 from specjax.sharding import (
   DEFAULT_RULES,

@@ -170,10 +170,12 @@ class Tokenizer:
     """
     import gguf
 
-    from specjax.loading.gguf_file import read_metadata
-
     reader = gguf.GGUFReader(path)
-    meta = lambda key, default=None: read_metadata(reader, f"tokenizer.{key}", default)
+
+    def meta(key, default=None):  # as `specjax.loading.gguf_file.read_metadata`, one layer down
+      field = reader.fields.get(f"tokenizer.{key}")
+      return default if field is None else field.contents()
+
     kind = meta("ggml.model")
     if kind != "gpt2":
       raise ValueError(

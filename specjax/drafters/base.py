@@ -12,21 +12,42 @@ state. The decode loop calls, inside one compiled `lax.while_loop`:
 `seq` [B, S] holds each row's prompt and generated tokens and `seq_len` [B] how many are valid; the
 last valid token has not yet been fed to the target (its K/V are written by the next verify pass).
 A tree drafter's `propose` returns a `TreeProposal` instead, and its `commit` gets the accepted path
-in `StepResult.path`. This module sits below the drafters and the loops: it imports neither.
+in `StepResult.path`. The adaptive loops also call `catch_up` and `observe`; a drafter inherits their
+defaults from `DrafterDefaults`, `LazyDrafterDefaults` or `TreeDrafterDefaults`. This module sits
+below the drafters and the loops: it imports neither.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import jax
 
 from specjax.sampling import SamplingConfig
 
 if TYPE_CHECKING:
-  from specjax.decode import Prefill
+  from specjax.kv_cache import KVCache
   from specjax.trees import TokenTree
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Prefill:
+  """The target's pass over the prompts (what `init` gets; `specjax.decode.prefill` makes it).
+
+  Attributes:
+    logits: [B, V] at each row's last prompt token.
+    hidden: [B, Tp, D] final hidden states over the padded prompt.
+    layer_hidden: [n, B, Tp, D] requested layer outputs, or None.
+    cache: holds every prompt token; lengths = prompt_lens (padding slots are stale).
+  """
+
+  logits: jax.Array
+  hidden: jax.Array
+  layer_hidden: jax.Array | None
+  cache: KVCache
 
 
 @jax.tree_util.register_dataclass
@@ -96,17 +117,46 @@ class TreeProposal:
   n_drafted: jax.Array | None = None
 
 
-class Drafter(Protocol):
-  """Structural type of a drafter (see the module docstring for the call order)."""
+class _DrafterCalls(Protocol):
+  """What the loops call on every drafter, chain or tree (see the module docstring's order)."""
 
-  k: int
   # Target layers whose outputs the drafter consumes (EAGLE-3); () for none. The loop requests them
   # in prefill and verify and hands them over in `Prefill.layer_hidden` / `StepResult.layer_hidden`.
   hidden_layers: tuple[int, ...]
 
+  def capacity_slack(self) -> int:
+    """Extra cache/sequence slots the drafter writes past seq_len (beyond the verify block)."""
+    ...
+
   def init(
     self, params: Any, prefill: Prefill, prompts: jax.Array, prompt_lens: jax.Array, capacity: int
   ) -> Any: ...
+
+  def commit(
+    self, params: Any, state: Any, seq: jax.Array, seq_len: jax.Array, step: StepResult
+  ) -> Any: ...
+
+  def catch_up(
+    self, params: Any, state: Any, seq: jax.Array, seq_len: jax.Array, width: int
+  ) -> Any:
+    """Adaptive loops, before every propose: the state brought up to date with the tokens AR steps
+    committed since the last commit (draft models feed them here, lazily)."""
+    ...
+
+  def observe(
+    self, params: Any, state: Any, seq: jax.Array, seq_len: jax.Array, new_seq: jax.Array,
+    new_seq_len: jax.Array, step: StepResult, key: jax.Array, sampling: SamplingConfig,
+  ) -> Any:  # fmt: skip
+    """Adaptive loops, after an AR step (given as a step whose draft was rejected, with the
+    target's hidden states padded to the loop's width): the state after it. Not called for a
+    drafter whose state has no arrays."""
+    ...
+
+
+class Drafter(_DrafterCalls, Protocol):
+  """Structural type of a chain drafter: K drafted tokens per step."""
+
+  k: int
 
   def propose(
     self,
@@ -118,40 +168,21 @@ class Drafter(Protocol):
     sampling: SamplingConfig,
   ) -> Proposal: ...
 
-  def commit(
-    self, params: Any, state: Any, seq: jax.Array, seq_len: jax.Array, step: StepResult
-  ) -> Any: ...
 
-  def reorder(self, state: Any, rows: jax.Array) -> Any:
-    """Row i of the returned state is row rows[i] of `state` (forks and resampling in SMC-SD)."""
-    ...
-
-  def capacity_slack(self) -> int:
-    """Extra cache/sequence slots the drafter writes past seq_len (beyond the K + 1 of verify)."""
-    ...
-
-
-class TreeDrafter(Protocol):
-  """Structural type of a tree drafter (same call order; `propose` drafts a `TreeProposal`).
+class TreeDrafter(_DrafterCalls, Protocol):
+  """Structural type of a tree drafter: an N-node `TreeProposal` per step; `commit` gets the
+  accepted path in `StepResult.path`.
 
   Attributes:
     n_nodes: N, nodes per drafted tree including the root (static).
     max_depth: the deepest node's depth (static).
     draws: how children are chosen when sampling: "deterministic" (top-k), or "without_replacement"
       / "iid" draws from the logq the proposal reports.
-    hidden_layers: target layers the drafter consumes (as `Drafter.hidden_layers`).
   """
 
   n_nodes: int
   max_depth: int
   draws: str
-  hidden_layers: tuple[int, ...]
-
-  def capacity_slack(self) -> int: ...
-
-  def init(
-    self, params: Any, prefill: Prefill, prompts: jax.Array, prompt_lens: jax.Array, capacity: int
-  ) -> Any: ...
 
   def propose(
     self,
@@ -163,6 +194,43 @@ class TreeDrafter(Protocol):
     sampling: SamplingConfig,
   ) -> TreeProposal: ...
 
-  def commit(
-    self, params: Any, state: Any, seq: jax.Array, seq_len: jax.Array, step: StepResult
-  ) -> Any: ...
+
+@runtime_checkable
+class DraftsFromOutputs(Protocol):
+  """A drafter whose parameters can be built from earlier outputs (suffix decoding's global cache):
+  the experiment runner rebuilds them before each prompt."""
+
+  def cache_from_outputs(self, outputs: Sequence[Sequence[int]]) -> Any: ...
+
+
+class DrafterDefaults:
+  """The adaptive-loop hooks' defaults for a chain drafter (inherit, override what differs)."""
+
+  def catch_up(self, params, state, seq, seq_len, width: int):
+    """Nothing to catch up."""
+    del params, seq, seq_len, width
+    return state
+
+  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling):
+    """A discarded k = 1 proposal (it feeds the drafter the pending tokens), then the AR step
+    committed as a rejected draft."""
+    one = dataclasses.replace(self, k=1)
+    state = one.propose(params, state, seq, seq_len, key, sampling).state
+    return self.commit(params, state, new_seq, new_seq_len, step)
+
+
+class LazyDrafterDefaults(DrafterDefaults):
+  """For drafters that feed the AR steps' tokens in `catch_up` (which they define): AR steps cost
+  them nothing."""
+
+  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling):
+    del params, seq, seq_len, new_seq, new_seq_len, step, key, sampling
+    return state
+
+
+class TreeDrafterDefaults(DrafterDefaults):
+  """The hooks' defaults for a tree drafter: a stateful one must define `observe` or
+  `catch_up` (`LazyDrafterDefaults`) to run in the adaptive tree loop."""
+
+  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling):
+    raise ValueError(f"{type(self).__name__} cannot take an AR step (no catch_up or observe)")

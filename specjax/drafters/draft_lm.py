@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.base import LazyDrafterDefaults, Proposal, StepResult
 from specjax.drafters.draft_model import catch_up_cache
 from specjax.drafters.draft_vocab import draw, scatter_logq
 from specjax.kv_cache import KVCache, init_cache, read_rows
@@ -48,7 +48,7 @@ class DraftLMParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftLMDrafter:
+class DraftLMDrafter(LazyDrafterDefaults):
   """Autoregressive drafting with a reduced-vocabulary draft LM.
 
   Attributes:

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.base import LazyDrafterDefaults, Proposal, StepResult
 from specjax.kv_cache import KVCache, init_cache, read_rows
 from specjax.model import forward
 from specjax.sampling import SamplingConfig
@@ -40,7 +40,7 @@ def check_same_vocabulary(
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftModelDrafter:
+class DraftModelDrafter(LazyDrafterDefaults):
   """Autoregressive drafting with a small LM.
 
   Attributes:
@@ -86,10 +86,6 @@ class DraftModelDrafter:
     tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], 1)  # [B, K]
     logq = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)  # [B, K, V]
     return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), cache)
-
-  def reorder(self, cache: KVCache, rows: jax.Array) -> KVCache:
-    """Row i of the new state is row rows[i] of the old (forking / resampling particles)."""
-    return cache.take_rows(rows)
 
   def catch_up(self, params, cache: KVCache, seq, seq_len, width: int) -> KVCache:
     """The cache after the adaptive loop's AR steps, caught up (`catch_up_cache`)."""

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
 from specjax.drafters.draft_vocab import draw, scatter_logq
 from specjax.kernels import linear
@@ -119,7 +119,7 @@ class EagleState:
 
 
 @dataclasses.dataclass(frozen=True)
-class EagleDrafter:
+class EagleDrafter(DrafterDefaults):
   """Chain drafting with an EAGLE-1 or EAGLE-3 head.
 
   Attributes:
@@ -179,10 +179,10 @@ class EagleDrafter:
     return Proposal(drafted, logq, jnp.full((B,), self.k, jnp.int32), state)
 
   def observe(self, params: EagleParams, state: EagleState, seq, seq_len, new_seq, new_seq_len,
-              step: StepResult, key) -> EagleState:  # fmt: skip
+              step: StepResult, key, sampling) -> EagleState:  # fmt: skip
     """After an AR step of the adaptive loop (`specjax.adaptive`): the pending window is fed (one
     head layer pass, no drafting), then the step is committed as one whose draft was rejected."""
-    del key
+    del key, sampling
     c = state.cache.lengths
     tokens = read_rows(seq, c + 1, state.pending.shape[1])
     x = layer_inputs(params, tokens, state.pending)

@@ -20,7 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.drafters.draft_vocab import draw, scatter_logq
 from specjax.sampling import SamplingConfig
 
@@ -60,7 +60,7 @@ class MedusaState:
 
 
 @dataclasses.dataclass(frozen=True)
-class MedusaDrafter:
+class MedusaDrafter(DrafterDefaults):
   """Chain drafting with Medusa heads: draft token k + 1 is head k's choice.
 
   Attributes:
@@ -98,6 +98,8 @@ class MedusaDrafter:
     h = step.hidden[jnp.arange(B), idx].astype(jnp.float32)
     return MedusaState(jnp.where((step.n_committed > 0)[:, None], h, state.h))
 
-  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key) -> MedusaState:
+  def observe(
+    self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
+  ) -> MedusaState:
     """After an AR step of the adaptive loop: the heads need only its hidden state."""
     return self.commit(params, state, new_seq, new_seq_len, step)

@@ -13,7 +13,7 @@ from typing import ClassVar
 import jax
 import jax.numpy as jnp
 
-from specjax.drafters.base import Proposal, StepResult
+from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.kv_cache import read_rows
 from specjax.sampling import SamplingConfig
 
@@ -44,7 +44,7 @@ def find_continuation(seq: jax.Array, seq_len: jax.Array, n: int, k: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class PromptLookupDrafter:
+class PromptLookupDrafter(DrafterDefaults):
   """Proposes up to k tokens by matching n-grams (n from max_ngram down to min_ngram).
 
   Attributes:
@@ -84,9 +84,6 @@ class PromptLookupDrafter:
     start, avail = jax.vmap(one_row)(seq, seq_len)
     tokens = read_rows(seq, jnp.minimum(start, seq.shape[1] - self.k), self.k)
     return Proposal(tokens.astype(jnp.int32), None, avail.astype(jnp.int32), state)
-
-  def reorder(self, state, rows):
-    return state
 
   def commit(self, params, state, seq, seq_len, step: StepResult):
     return state

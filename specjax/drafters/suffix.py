@@ -44,7 +44,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import Proposal, StepResult, TreeProposal, TreeStepResult
+from specjax.drafters.base import (
+  DrafterDefaults,
+  Proposal,
+  StepResult,
+  TreeDrafterDefaults,
+  TreeProposal,
+  TreeStepResult,
+)
 from specjax.sampling import SamplingConfig
 from specjax.trees import TokenTree, ancestor_mask, children_table
 
@@ -313,9 +320,6 @@ class _SuffixSettings:
     del params, prefill, prompts, prompt_lens, capacity
     return ()
 
-  def reorder(self, state, rows):
-    return state
-
   def commit(self, params, state, seq, seq_len, step: StepResult | TreeStepResult):
     return state
 
@@ -331,7 +335,7 @@ class _SuffixSettings:
 
 
 @dataclasses.dataclass(frozen=True)
-class SuffixDrafter(_SuffixSettings):
+class SuffixDrafter(_SuffixSettings, DrafterDefaults):
   """Chain suffix decoding: the most frequent continuation path, up to k tokens (chain loop).
 
   Draft parameters: a `SuffixCache` (or () for none).
@@ -355,7 +359,7 @@ class SuffixDrafter(_SuffixSettings):
 
 
 @dataclasses.dataclass(frozen=True)
-class SuffixTreeDrafter(_SuffixSettings):
+class SuffixTreeDrafter(_SuffixSettings, TreeDrafterDefaults):
   """Tree suffix decoding: a frequency-scored tree of adaptive size (tree loop).
 
   Attributes:

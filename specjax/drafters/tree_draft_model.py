@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import TreeProposal, TreeStepResult
+from specjax.drafters.base import LazyDrafterDefaults, TreeProposal, TreeStepResult
 from specjax.drafters.draft_model import catch_up_cache
 from specjax.kv_cache import KVCache, compact_path, init_cache, read_rows
 from specjax.model import forward
@@ -96,7 +96,7 @@ def _gumbel_top(key, logq: jax.Array, n: int) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class StaticTreeDrafter:
+class StaticTreeDrafter(LazyDrafterDefaults):
   """A draft model drafting a fixed tree topology.
 
   Attributes:
@@ -192,9 +192,6 @@ class StaticTreeDrafter:
     return TreeDraftState(catch_up_cache(params, self.cfg, state.cache, seq, seq_len, width),
                           state.fed)  # fmt: skip
 
-  def reorder(self, state: TreeDraftState, rows: jax.Array) -> TreeDraftState:
-    return TreeDraftState(state.cache.take_rows(rows), state.fed[rows])
-
 
 def select_dynamic_tree(seq, seq_len, pool_tok, pool_score, pool_parent, top_k, depth, n_nodes):
   """The EAGLE-2 tree: the n_nodes - 1 candidates with the best cumulative draft log-prob.
@@ -240,7 +237,7 @@ def check_dynamic_tree_size(top_k: int, depth: int, n_nodes: int) -> None:
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicTreeDrafter:
+class DynamicTreeDrafter(LazyDrafterDefaults):
   """A draft model drafting EAGLE-2 dynamic trees (deterministic children).
 
   Attributes:
@@ -352,6 +349,3 @@ class DynamicTreeDrafter:
     """After the adaptive loop's AR steps: the draft cache caught up (`catch_up_cache`)."""
     return TreeDraftState(catch_up_cache(params, self.cfg, state.cache, seq, seq_len, width),
                           state.fed)  # fmt: skip
-
-  def reorder(self, state: TreeDraftState, rows: jax.Array) -> TreeDraftState:
-    return TreeDraftState(state.cache.take_rows(rows), state.fed[rows])

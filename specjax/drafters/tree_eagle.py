@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import TreeProposal, TreeStepResult
+from specjax.drafters.base import TreeDrafterDefaults, TreeProposal, TreeStepResult
 from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
 from specjax.drafters.eagle import (
   EagleDrafter,
@@ -63,7 +63,7 @@ def tree_layer(params: EagleParams, x, positions, new_mask, cache: KVCache, cfg:
 
 
 @dataclasses.dataclass(frozen=True)
-class EagleTreeDrafter:
+class EagleTreeDrafter(TreeDrafterDefaults):
   """EAGLE-2 dynamic trees from an EAGLE head (deterministic children).
 
   Attributes:
@@ -175,9 +175,10 @@ class EagleTreeDrafter:
   def commit(self, params: EagleParams, state: EagleState, seq, seq_len, step: TreeStepResult):
     return self._chain.commit(params, state, seq, seq_len, step)
 
-  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key) -> EagleState:
+  def observe(
+    self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
+  ) -> EagleState:
     """After an AR step of the adaptive loop: as the chain drafter (`EagleDrafter.observe`)."""
-    return self._chain.observe(params, state, seq, seq_len, new_seq, new_seq_len, step, key)
-
-  def reorder(self, state: EagleState, rows: jax.Array) -> EagleState:
-    return EagleState(state.cache.take_rows(rows), state.pending[rows], state.n_pending[rows])
+    return self._chain.observe(
+      params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
+    )

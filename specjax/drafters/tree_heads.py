@@ -28,27 +28,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import TreeProposal, TreeStepResult
+from specjax.drafters.base import TreeDrafterDefaults, TreeProposal, TreeStepResult
+from specjax.loading.heads import MedusaHeadParams  # noqa: F401 - also exported here
 from specjax.sampling import SamplingConfig
 from specjax.trees import StaticTree, static_token_tree
 
 CandidateSource = Callable[..., tuple[jax.Array, jax.Array | None]]
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class MedusaHeadParams:
-  """Medusa-1 heads in the published layout: K heads of R residual blocks and an own LM head each.
-
-  Attributes:
-    w: [K, R, D, D] residual block weights ([out, in]).
-    b: [K, R, D] residual block biases.
-    lm_head: [K, V, D] each head's output projection.
-  """
-
-  w: jax.Array
-  b: jax.Array
-  lm_head: jax.Array
 
 
 def published_medusa_logits(params: MedusaHeadParams, h: jax.Array):
@@ -77,7 +62,7 @@ class HeadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadTreeDrafter:
+class HeadTreeDrafter(TreeDrafterDefaults):
   """Static-tree drafting from a per-position candidate source (Medusa-style).
 
   Attributes:
@@ -161,9 +146,8 @@ class HeadTreeDrafter:
     h = step.hidden[jnp.arange(B), jnp.maximum(step.n_committed - 1, 0)].astype(jnp.float32)
     return HeadState(jnp.where((step.n_committed > 0)[:, None], h, state.h))
 
-  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key) -> HeadState:
+  def observe(
+    self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
+  ) -> HeadState:
     """After an AR step of the adaptive loop: the heads need only its hidden state."""
     return self.commit(params, state, new_seq, new_seq_len, step)
-
-  def reorder(self, state: HeadState, rows: jax.Array) -> HeadState:
-    return HeadState(state.h[rows])

@@ -12,7 +12,7 @@ small, capped so that the padded prompt, the budget and the widest method's draf
 target's context (`prompt_width`); whether a prompt fits is decided on its real length.
 (`specjax.generate.pad_prompts`'s `bucket` is something else: it pads to a multiple.)
 
-A method whose drafter drafts from earlier outputs (it has `cache_from_outputs`, e.g. suffix
+A method whose drafter drafts from earlier outputs (a `DraftsFromOutputs`, e.g. suffix
 decoding) gets, before each prompt, draft parameters built from the AR outputs of every prompt this
 runner ran before it (not of the prompt itself, nor of prompts finished by an earlier, resumed run).
 
@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.drafters.base import DraftsFromOutputs
 from specjax.experiment.methods import Method, Target
 from specjax.experiment.settings import SMCSettings
 from specjax.experiment.tasks import Prompt, conversation
@@ -207,8 +208,9 @@ class Runner:
 def with_history(method: Method, outputs: Sequence[Sequence[int]]) -> Method:
   """`method` with draft parameters built from earlier outputs, if its drafter drafts from them
   (same shapes every time: no recompilation)."""
-  build = getattr(method.drafter, "cache_from_outputs", None)
-  return method if build is None else dataclasses.replace(method, draft_params=build(outputs))
+  if not isinstance(method.drafter, DraftsFromOutputs):
+    return method
+  return dataclasses.replace(method, draft_params=method.drafter.cache_from_outputs(outputs))
 
 
 def smc_config(s: SMCSettings, gen: GenerateConfig) -> SMCConfig:

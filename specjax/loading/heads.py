@@ -26,7 +26,7 @@ eagle_config.eagle_aux_hidden_state_layer_ids):
   (1, L // 2 - 1, L - 4) in `specjax.model.forward(hidden_layers=...)` terms (`target_layers`).
 Medusa-1 (FasterDecoding `medusa_model.py`; `config.json` has medusa_num_heads, medusa_num_layers):
   medusa_head.{k}.{r}.linear.{weight [D, D], bias [D]} for r < R, medusa_head.{k}.{R}.weight
-  [V, D] (w, b, lm_head of `specjax.drafters.tree_heads.MedusaHeadParams`), or the same names
+  [V, D] (w, b, lm_head of `MedusaHeadParams`), or the same names
   without the `medusa_head.` prefix (the medusa_lm_head file of the heads alone).
 
 These are our own param pytrees (registered dataclasses), not the shared-head/draft-vocabulary
@@ -49,7 +49,6 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from specjax.config import ModelConfig
-from specjax.drafters.tree_heads import MedusaHeadParams
 from specjax.loading.keymap import CheckpointError
 from specjax.model import LayerParams
 
@@ -70,6 +69,22 @@ _LAYER_NAMES = {
   "w_up": "mlp.up_proj.weight",
   "w_down": "mlp.down_proj.weight",
 }
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MedusaHeadParams:
+  """Medusa-1 heads in the published layout: K heads of R residual blocks and an own LM head each.
+
+  Attributes:
+    w: [K, R, D, D] residual block weights ([out, in]).
+    b: [K, R, D] residual block biases.
+    lm_head: [K, V, D] each head's output projection.
+  """
+
+  w: jax.Array
+  b: jax.Array
+  lm_head: jax.Array
 
 
 @jax.tree_util.register_dataclass
