@@ -284,3 +284,10 @@ def describe(tree: StaticTree) -> dict[str, Any]:
     "per_depth": per_depth.tolist(),
     "leaves": int(b.retrieve.shape[0]),
   }
+
+
+def default_static_tree(n_nodes: int, depth: int) -> StaticTree:
+  """A Medusa-style sparse tree: the `n_nodes` best paths of depth <= `depth` under per-rank
+  acceptance estimates that halve with each rank (a fixed prior, not fitted to a drafter)."""
+  ranks = 0.6 * 0.5 ** np.arange(8)
+  return tree_from_rank_probs(np.tile(ranks, (depth, 1)), n_nodes)

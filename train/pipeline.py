@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 from specjax.config import ModelConfig
+from specjax.drafters import registry as drafter_registry
 from specjax.drafters.draft_vocab import top_tokens
 from specjax.integrity import CacheError, differences, weights_fingerprint, write_json_atomic
 from specjax.loading.registry import load_model
@@ -100,25 +101,30 @@ def settings_from_config(config) -> RunSettings:
 
 
 def make_objective(o: dict, tcfg: ModelConfig):
-  """The objective named by o["kind"] ("draft_lm", "medusa", "eagle") for target config tcfg."""
-  kind = o["kind"]
-  if kind == "draft_lm":
-    cfg = tcfg.replace(n_layers=o["n_layers"])
-    return objectives.DraftLMObjective(cfg, tuple(o["init_layers"]), o.get("train_head", False))
-  if kind == "medusa":
-    return objectives.MedusaObjective(o["n_heads"], tcfg.vocab_size, o.get("decay", 0.8))
-  if kind == "eagle":
-    return objectives.EagleObjective(
-      tcfg.replace(n_layers=1),
-      steps=o["steps"],
-      fuse_layers=tuple(o.get("fuse_layers", ())),
-      w_reg=o.get("w_reg", 1.0),
-      w_cls=o.get("w_cls", 0.1),
-      decay=o.get("decay", 0.8),
-      init_layer=o.get("init_layer", -1),
-      fuse_norm=o.get("fuse_norm", True),
-    )
-  raise ValueError(f"unknown drafter kind {kind!r}; expected draft_lm, medusa or eagle")
+  """The objective of drafter kind o["kind"] (`specjax.drafters.registry`) for target config tcfg."""
+  return drafter_registry.get(o["kind"]).make_objective(o, tcfg)
+
+
+def draft_lm_objective(o: dict, tcfg: ModelConfig):
+  cfg = tcfg.replace(n_layers=o["n_layers"])
+  return objectives.DraftLMObjective(cfg, tuple(o["init_layers"]), o.get("train_head", False))
+
+
+def medusa_objective(o: dict, tcfg: ModelConfig):
+  return objectives.MedusaObjective(o["n_heads"], tcfg.vocab_size, o.get("decay", 0.8))
+
+
+def eagle_objective(o: dict, tcfg: ModelConfig):
+  return objectives.EagleObjective(
+    tcfg.replace(n_layers=1),
+    steps=o["steps"],
+    fuse_layers=tuple(o.get("fuse_layers", ())),
+    w_reg=o.get("w_reg", 1.0),
+    w_cls=o.get("w_cls", 0.1),
+    decay=o.get("decay", 0.8),
+    init_layer=o.get("init_layer", -1),
+    fuse_norm=o.get("fuse_norm", True),
+  )
 
 
 def _synthetic_prompts(n: int, vocab: int, seed: int) -> list[prompts.TrainPrompt]:

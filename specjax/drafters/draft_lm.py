@@ -18,6 +18,7 @@ from specjax.config import ModelConfig
 from specjax.drafters.base import LazyDrafterDefaults, Proposal, StepResult
 from specjax.drafters.draft_model import catch_up_cache
 from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.drafters.registry import DrafterKind, layer_params, register
 from specjax.kv_cache import KVCache, init_cache, read_rows
 from specjax.model import LayerParams, Params, forward
 from specjax.sampling import SamplingConfig
@@ -104,3 +105,18 @@ class DraftLMDrafter(LazyDrafterDefaults):
     # Accepted drafts d_1..d_{K-1} were fed; d_K was drawn but not fed. Finished rows keep c.
     valid = step.prev_seq_len + jnp.minimum(step.n_committed - 1, self.k - 1)
     return cache.with_lengths(valid)
+
+
+def _shipped_params(t, d2t, out_matrix, target_params) -> DraftLMParams:
+  head = t["lm_head"] if "lm_head" in t else out_matrix[d2t]
+  return DraftLMParams(target_params.embed, layer_params(t, "layers"), t["final_norm"], head, d2t)
+
+
+register(
+  DrafterKind(
+    "draft_lm",
+    params=_shipped_params,
+    chain=lambda shipped, k: DraftLMDrafter(shipped.head_cfg, k),
+    objective="train.pipeline:draft_lm_objective",
+  )
+)

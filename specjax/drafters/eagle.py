@@ -29,6 +29,7 @@ from specjax.config import ModelConfig
 from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
 from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.drafters.registry import DrafterKind, layer_params, register
 from specjax.kernels import linear
 from specjax.kv_cache import KVCache, init_cache, read_rows, write_rows
 from specjax.model import LayerParams, attention_mask, rms_norm
@@ -194,3 +195,39 @@ class EagleDrafter(DrafterDefaults):
     g = feature(params, step.hidden, step.layer_hidden)  # [B, K + 1, D]
     cache = state.cache.with_lengths(jnp.maximum(step.prev_seq_len - 1, 0))
     return EagleState(cache, g, step.n_committed.astype(jnp.int32))
+
+
+def _shipped_params(t, d2t, out_matrix, target_params) -> EagleParams:
+  return EagleParams(
+    w_in=t["w_in"],
+    layer=layer_params(t, "layer"),
+    head=t["head"] if "head" in t else out_matrix[d2t],
+    d2t=d2t,
+    embed=target_params.embed,
+    fuse=t.get("fuse"),
+    norm=t.get("norm"),
+    fuse_norm=t.get("fuse_norm"),
+  )
+
+
+def _fused(shipped) -> tuple[int, ...]:
+  return tuple(shipped.metadata["config"].get("fuse_layers", ()))
+
+
+def _tree(shipped, t, vocab_size: int):
+  """EAGLE-2's dynamic tree over the head (`specjax.drafters.tree_eagle`)."""
+  from specjax.drafters.tree_eagle import EagleTreeDrafter
+
+  del vocab_size
+  return EagleTreeDrafter(shipped.head_cfg, t.top_k, t.depth, t.n_nodes, _fused(shipped))
+
+
+register(
+  DrafterKind(
+    "eagle",
+    params=_shipped_params,
+    chain=lambda shipped, k: EagleDrafter(shipped.head_cfg, k, _fused(shipped)),
+    tree=_tree,
+    objective="train.pipeline:eagle_objective",
+  )
+)

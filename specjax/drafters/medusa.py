@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.drafters.registry import DrafterKind, ShippedDrafterError, register
 from specjax.sampling import SamplingConfig
 
 
@@ -103,3 +104,36 @@ class MedusaDrafter(DrafterDefaults):
   ) -> MedusaState:
     """After an AR step of the adaptive loop: the heads need only its hidden state."""
     return self.commit(params, state, new_seq, new_seq_len, step)
+
+
+def _chain(shipped, k: int) -> MedusaDrafter:
+  n_heads = shipped.params.w.shape[0]
+  if k > n_heads:
+    raise ShippedDrafterError(f"{shipped.name} has {n_heads} Medusa heads; k={k} is too many")
+  return MedusaDrafter(shipped.metadata["target"]["vocab_size"], k)
+
+
+def _tree(shipped, t, vocab_size: int):
+  """A static Medusa-style tree over the heads (`HeadTreeDrafter`, `trees.default_static_tree`)."""
+  from specjax.drafters.tree_heads import HeadTreeDrafter, medusa_logits_source
+  from specjax.trees import default_static_tree
+
+  n_heads = shipped.params.w.shape[0]
+  if t.depth > n_heads:
+    raise ValueError(f"tree.depth={t.depth} exceeds the {n_heads} Medusa heads")
+  tree = default_static_tree(t.n_nodes, t.depth)
+  return HeadTreeDrafter(medusa_logits_source, tree, vocab_size)
+
+
+register(
+  DrafterKind(
+    "medusa",
+    params=lambda t, d2t, out_matrix, target_params: MedusaParams(
+      t["w"], t["b"], out_matrix[d2t], d2t
+    ),
+    chain=_chain,
+    tree=_tree,
+    head_cfg=False,
+    objective="train.pipeline:medusa_objective",
+  )
+)

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 
 from specjax.acceptance import RULES
 from specjax.adaptive import AdaptiveConfig, CostTable
@@ -20,11 +19,10 @@ from specjax.drafters import (
 )
 from specjax.drafters.suffix import SuffixDrafter, SuffixTreeDrafter
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
-from specjax.drafters.tree_heads import HeadTreeDrafter, medusa_logits_source
 from specjax.experiment.settings import ExperimentSettings, SMCSettings
 from specjax.model import Params
 from specjax.tokenizer import Tokenizer
-from specjax.trees import StaticTree, tree_from_rank_probs
+from specjax.trees import default_static_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,11 +130,7 @@ def describe_method(settings: ExperimentSettings, method: Method | None) -> str:
   return text
 
 
-def static_tree(n_nodes: int, depth: int) -> StaticTree:
-  """A Medusa-style sparse tree: the `n_nodes` best paths of depth <= `depth` under per-rank
-  acceptance estimates that halve with each rank (a fixed prior, not fitted to a drafter)."""
-  ranks = 0.6 * 0.5 ** np.arange(8)
-  return tree_from_rank_probs(np.tile(ranks, (depth, 1)), n_nodes)
+static_tree = default_static_tree  # the tree.kind=static / heads topology
 
 
 def load_shipped_drafter(name: str, target: Target):
@@ -168,32 +162,19 @@ def _draft_model(settings, target, load_model):
   return params, cfg
 
 
-def _eagle_tree_drafter(shipped, t):
-  """EAGLE-2's dynamic tree over a shipped EAGLE head (`specjax.drafters.tree_eagle`)."""
-  try:
-    from specjax.drafters.tree_eagle import EagleTreeDrafter
-  except ImportError as e:
-    raise ValueError(f"tree.kind=eagle needs specjax.drafters.tree_eagle ({e})") from e
-  if shipped.kind != "eagle":
-    raise ValueError(f"tree.kind=eagle needs an EAGLE head; {shipped.name} is {shipped.kind}")
-  fuse = tuple(shipped.metadata["config"].get("fuse_layers", ()))
-  return EagleTreeDrafter(shipped.head_cfg, t.top_k, t.depth, t.n_nodes, fuse)
+# tree.kind values that draft with a shipped drafter's tree form, and the kind each needs.
+SHIPPED_TREES = {"eagle": "eagle", "heads": "medusa"}
 
 
 def _tree_method(settings, target, load_model, name: str) -> Method:
   t = settings.tree
-  if t.kind == "eagle":
+  if t.kind in SHIPPED_TREES:  # the shipped drafter's own tree form (`DrafterKind.tree`)
     shipped = load_shipped_drafter(settings.drafter.shipped, target)
-    return Method(name, _eagle_tree_drafter(shipped, t), shipped.params, None, "tree")
-  if t.kind == "heads":
-    shipped = load_shipped_drafter(settings.drafter.shipped, target)
-    if shipped.kind != "medusa":
-      raise ValueError(f"tree.kind=heads needs Medusa heads; {shipped.name} is {shipped.kind}")
-    n_heads = shipped.params.w.shape[0]
-    if t.depth > n_heads:
-      raise ValueError(f"tree.depth={t.depth} exceeds the {n_heads} Medusa heads")
-    tree = static_tree(t.n_nodes, t.depth)
-    drafter = HeadTreeDrafter(medusa_logits_source, tree, target.cfg.vocab_size)
+    if shipped.kind != SHIPPED_TREES[t.kind]:
+      raise ValueError(
+        f"tree.kind={t.kind} needs a {SHIPPED_TREES[t.kind]} drafter; {shipped.name} is {shipped.kind}"
+      )
+    drafter = shipped.tree_drafter(t, target.cfg.vocab_size)
     return Method(name, drafter, shipped.params, None, "tree")
   params, cfg = _draft_model(settings, target, load_model)
   if t.kind == "static":

@@ -5,7 +5,8 @@ never the target's arrays) plus `<name>.json`: the kind and its configuration, t
 trained for, the data recipe, training settings and time, held-out metrics, the tensor shapes and
 the file's sha256. `load_shipped(name, target_params, target_cfg)` verifies the checksum, the
 target, and every tensor shape, then assembles the drafter's parameter pytree with the target's
-embedding / LM-head rows (shared, not copied) where the kind reuses them.
+embedding / LM-head rows (shared, not copied) where the kind reuses them. What each kind's tensors
+become is its `specjax.drafters.registry.DrafterKind`.
 """
 
 from __future__ import annotations
@@ -21,17 +22,12 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from specjax.config import ModelConfig
-from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
-from specjax.drafters.eagle import EagleDrafter, EagleParams
-from specjax.drafters.medusa import MedusaDrafter, MedusaParams
+from specjax.drafters import registry
+from specjax.drafters.registry import ShippedDrafterError
 from specjax.loading.registry import sha256_of
 from specjax.model import LayerParams, Params
 
 SHIPPED_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-class ShippedDrafterError(ValueError):
-  """A shipped drafter is missing, corrupted, or does not fit the given target."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,23 +41,23 @@ class ShippedDrafter:
   head_cfg: ModelConfig | None
 
   def drafter(self, k: int):
-    if self.kind == "draft_lm":
-      return DraftLMDrafter(self.head_cfg, k)
-    if self.kind == "medusa":
-      n_heads = self.params.w.shape[0]
-      if k > n_heads:
-        raise ShippedDrafterError(f"{self.name} has {n_heads} Medusa heads; k={k} is too many")
-      return MedusaDrafter(self.metadata["target"]["vocab_size"], k)
-    return EagleDrafter(self.head_cfg, k, tuple(self.metadata["config"].get("fuse_layers", ())))
+    """The chain drafter at draft length k (its kind's `DrafterKind.chain`)."""
+    return registry.get(self.kind).chain(self, k)
+
+  def tree_drafter(self, tree, vocab_size: int):
+    """The kind's tree form over this drafter (`DrafterKind.tree`; `tree`: n_nodes, depth, top_k).
+
+    Raises:
+      ValueError: for a kind without a tree form.
+    """
+    kind = registry.get(self.kind)
+    if kind.tree is None:
+      raise ValueError(f"{self.name} is a {self.kind} drafter, which has no tree form")
+    return kind.tree(self, tree, vocab_size)
 
 
 def list_shipped(directory: str = SHIPPED_DIR) -> list[str]:
   return sorted(os.path.basename(p)[: -len(".json")] for p in glob.glob(f"{directory}/*.json"))
-
-
-def _layer(t: dict, prefix: str) -> LayerParams:
-  names = [f.name for f in dataclasses.fields(LayerParams)]
-  return LayerParams(**{n: jnp.asarray(t[f"{prefix}/{n}"]) for n in names if f"{prefix}/{n}" in t})
 
 
 def head_config(meta: dict) -> ModelConfig:
@@ -117,29 +113,13 @@ def load_shipped(
   t = {k: jnp.asarray(v, jnp.int32 if k == "d2t" else jnp.float32) for k, v in tensors.items()}
   out_matrix = target_params.embed if target_params.lm_head is None else target_params.lm_head
   d2t = t["d2t"].astype(jnp.int32)
-  kind = meta["kind"]
-  cfg = None
-  if kind == "draft_lm":
-    cfg = head_config(meta)
-    head = t["lm_head"] if "lm_head" in t else out_matrix[d2t]
-    params = DraftLMParams(target_params.embed, _layer(t, "layers"), t["final_norm"], head, d2t)
-  elif kind == "medusa":
-    params = MedusaParams(t["w"], t["b"], out_matrix[d2t], d2t)
-  elif kind == "eagle":
-    cfg = head_config(meta)
-    params = EagleParams(
-      w_in=t["w_in"],
-      layer=_layer(t, "layer"),
-      head=t["head"] if "head" in t else out_matrix[d2t],
-      d2t=d2t,
-      embed=target_params.embed,
-      fuse=t.get("fuse"),
-      norm=t.get("norm"),
-      fuse_norm=t.get("fuse_norm"),
-    )
-  else:
-    raise ShippedDrafterError(f"unknown drafter kind {kind!r}")
-  return ShippedDrafter(name, kind, params, meta, cfg)
+  try:
+    kind = registry.get(meta["kind"])
+  except ValueError as e:
+    raise ShippedDrafterError(str(e)) from None
+  cfg = head_config(meta) if kind.head_cfg else None
+  params = kind.params(t, d2t, out_matrix, target_params)
+  return ShippedDrafter(name, kind.name, params, meta, cfg)
 
 
 def flatten_trainable(tree: dict) -> dict[str, np.ndarray]:
