@@ -219,6 +219,7 @@ def forward(
   new_mask: jax.Array | None = None,
   hidden_layers: Sequence[int] = (),
   logit_positions: jax.Array | None = None,
+  embeds: jax.Array | None = None,
 ) -> Output:
   """Runs T new tokens per row on top of the cache.
 
@@ -232,6 +233,8 @@ def forward(
     new_mask: optional [T, T] or [B, T, T] bool mask among the new tokens (default causal).
     hidden_layers: indices of layers whose outputs to return in `layer_hidden` (static).
     logit_positions: optional [B, n] indices into T; logits are computed only there.
+    embeds: optional [B, T, D] input vectors used instead of embed[tokens] (learned mask
+      embeddings of parallel drafters); `tokens` then only gives the shape.
 
   Returns:
     An `Output`; the cache's lengths are advanced by T (callers set them to what they commit).
@@ -243,7 +246,7 @@ def forward(
     positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
   mask = attention_mask(lengths, T, S, new_mask)
   inv_freq = rope_inv_freq(cfg)
-  x = params.embed[tokens].astype(cfg.jnp_dtype)
+  x = (params.embed[tokens] if embeds is None else embeds).astype(cfg.jnp_dtype)
 
   def body(carry, i):
     x, k_all, v_all = carry

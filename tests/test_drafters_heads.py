@@ -26,6 +26,10 @@ from specjax.drafters import (
   EagleParams,
   MedusaDrafter,
   MedusaParams,
+  PardDrafter,
+  PardParams,
+  PEagleDrafter,
+  PEagleParams,
   StepResult,
 )
 from specjax.drafters.draft_vocab import scatter_logq, target_to_draft, top_tokens
@@ -37,7 +41,7 @@ from specjax.model import forward, init_params
 from specjax.sampling import SamplingConfig
 from specjax.speculative import speculative_generate
 
-KINDS = ["draft_lm", "medusa", "eagle1", "eagle3"]
+KINDS = ["draft_lm", "medusa", "eagle1", "eagle3", "pard", "peagle"]
 
 
 def _layer(key, cfg, scale):
@@ -55,6 +59,15 @@ def make_drafter(kind, target, cfg, k, d2t, seed=0, scale=0.3):
     lp = init_params(keys[0], dcfg, scale=scale).layers
     head = scale * jax.random.normal(keys[1], (Vd, D))
     return DraftLMDrafter(dcfg, k), DraftLMParams(target.embed, lp, jnp.ones(D), head, d2t)
+  if kind == "pard":
+    lm = make_drafter("draft_lm", target, cfg, k, d2t, seed, scale)[1]
+    mask = scale * jax.random.normal(keys[4], (D,))
+    return PardDrafter(cfg.replace(n_layers=1), k), PardParams(lm, mask)
+  if kind == "peagle":
+    eagle = make_drafter("eagle3", target, cfg, k, d2t, seed, scale)[1]
+    mask = scale * jax.random.normal(keys[4], (2, D))
+    drafter = PEagleDrafter(cfg.replace(n_layers=1), k, hidden_layers=(0, 1))
+    return drafter, PEagleParams(eagle, mask[0], mask[1])
   if kind == "medusa":
     w = scale * jax.random.normal(keys[0], (max(k, 2), D, D))
     b = scale * jax.random.normal(keys[1], (max(k, 2), D))
@@ -107,7 +120,9 @@ def ar_reference(target):
 
 
 @pytest.mark.parametrize(
-  "kind,k", [(kind, 3) for kind in KINDS] + [("medusa", 1), ("eagle1", 1), ("draft_lm", 4)]
+  "kind,k",
+  [(kind, 3) for kind in KINDS]
+  + [("medusa", 1), ("eagle1", 1), ("draft_lm", 4), ("pard", 8), ("peagle", 8), ("peagle", 1)],
 )
 def test_greedy_identical_to_ar(target, ar_reference, kind, k):
   params, cfg = target
@@ -253,7 +268,7 @@ def _sample(tparams, cfg, drafter, dparams, prompt, sampling):
   return np.asarray(out.tokens)[:, :3], summarize(out.metrics)
 
 
-@pytest.mark.parametrize("kind", ["draft_lm", "medusa", "eagle3"])
+@pytest.mark.parametrize("kind", ["draft_lm", "medusa", "eagle3", "pard", "peagle"])
 def test_sampling_matches_target_distribution(kind):
   cfg = tiny_config(vocab=V_SMALL, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1)
   tparams = init_params(jax.random.PRNGKey(10), cfg, scale=0.3)

@@ -226,6 +226,8 @@ KINDS = {
   "medusa": ("train_medusa", {}),
   "eagle1": ("train_eagle", {}),
   "eagle3": ("train_eagle3", {"steps": 2}),
+  "pard": ("train_pard", {}),
+  "peagle": ("train_peagle", {}),
 }
 
 
@@ -330,6 +332,39 @@ def test_training_computation_is_what_the_drafters_run(tiny):
   for j, o in enumerate((o1, o2)):
     ref = jax.nn.log_softmax(head_logits(ep, o[0, a], cfg.norm_eps))
     np.testing.assert_allclose(prop.logq[0, j], ref, atol=2e-3, rtol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["pard", "peagle"])
+def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind):
+  """Every depth of the parallel objectives (`train.streams`) equals the block the drafter reads
+  at the same anchor, with weights perturbed away from their initialisation."""
+  _, params, cfg, store = tiny[:4]
+  d = int(np.argmax(store.doc_lens))
+  s, n = store.doc_starts[d], store.doc_lens[d]
+  toks = jnp.asarray(store.tokens[s : s + n])[None]
+  full = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
+  ones = jnp.ones((1, n), bool)
+  batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
+                jnp.arange(n)[None], ones)  # fmt: skip
+  k, a, cap = 3, n - 6, 64
+  o = dict(kind=kind, k=k, n_layers=1, init_layers=(1,), fuse_layers=(0, 1))
+  obj = pipeline.make_objective(o, cfg)
+  tr, fr = obj.init(jax.random.PRNGKey(1), params, cfg, np.arange(64))
+  tr = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape), tr)
+  dp, drafter = obj.draft_params(tr, fr), obj.drafter(k)
+  seq = jnp.zeros((1, cap), jnp.int32).at[0, :n].set(toks[0])
+  if kind == "pard":  # the draft has read x_0..x_{a-1}; x_a is the last, unseen token
+    want = obj.logits(tr, fr, batch)[0, :, a]
+    state = drafter.init(dp, None, toks[:, :a], jnp.asarray([a]), cap)
+    got = drafter.block_logits(dp, state, seq, jnp.asarray([a + 1]))[0][0]
+  else:  # the head has the target's features up to a; the pair (x_{a+1}, f_a) is pending
+    o_all = obj.outputs(tr, fr, batch)
+    want = jnp.stack([head_logits(dp.eagle, o_all[0, j, a], cfg.norm_eps) for j in range(k)])
+    pre = prefill(params, cfg, toks[:, : a + 1], jnp.asarray([a + 1]), cap, (0, 1))
+    state = drafter.init(dp, pre, toks[:, : a + 1], jnp.asarray([a + 1]), cap)
+    got = drafter.block_logits(dp, state, seq, jnp.asarray([a + 2]))[0][0]
+  np.testing.assert_allclose(got, want, atol=2e-3, rtol=2e-3)
+  assert not np.allclose(want[1], want[2], atol=1e-2)  # the depths really differ
 
 
 def test_decontaminator_flags_exact_and_near_duplicates():

@@ -13,8 +13,11 @@ import pytest
 from scipy import stats
 from toy_models import exact_continuation_probs, tiny_model
 
+from specjax.drafters.draft_lm import DraftLMParams
+from specjax.drafters.pard import PardDrafter, PardParams
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
 from specjax.drafters.tree_heads import (
+  BlockTreeDrafter,
   HeadState,
   HeadTreeDrafter,
   MedusaHeadParams,
@@ -323,8 +326,16 @@ def noisy_target(models):
   return jax.tree.unflatten(treedef, noisy)
 
 
+def _pard(draft, dcfg, seed=7):
+  """A PARD block drafter's weights over a draft model (full vocabulary, random mask input)."""
+  head = draft.embed if draft.lm_head is None else draft.lm_head
+  lm = DraftLMParams(draft.embed, draft.layers, draft.final_norm, head, jnp.arange(dcfg.vocab_size))
+  mask = 0.3 * jax.random.normal(jax.random.PRNGKey(seed), (dcfg.d_model,))
+  return PardParams(lm, mask)
+
+
 def test_greedy_trees_identical_to_ar(models, noisy_target, ar_reference):
-  target, cfg, _, _ = models
+  target, cfg, draft, dcfg = models
   P, L, gen, budgets, ar_tokens, ar_lens = ar_reference
   tree = StaticTree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)])
   static = StaticTreeDrafter(cfg, tree)
@@ -336,6 +347,11 @@ def test_greedy_trees_identical_to_ar(models, noisy_target, ar_reference):
     ("dynamic_self", dynamic, target),
     ("dynamic_noisy", dynamic, noisy_target),
     ("medusa", medusa, _random_medusa(cfg, 4)),
+    (
+      "pard_block",
+      BlockTreeDrafter(PardDrafter(dcfg, 4), tree, cfg.vocab_size),
+      _pard(draft, dcfg),
+    ),
   ]
   for name, drafter, dparams in cases:
     out = tree_speculative_generate(
@@ -403,8 +419,9 @@ def small_vocab():
   )
 
 
-def _loop_pvalue(small_vocab, drafter, rule=None):
+def _loop_pvalue(small_vocab, drafter, rule=None, dparams=None):
   target, cfg, draft, _, prompt, sampling, probs = small_vocab
+  draft = draft if dparams is None else dparams
   P, L = pad_prompts([prompt] * N_LOOP, bucket=len(prompt))
   gen = GenerateConfig(max_new_tokens=3, sampling=sampling)
   out = tree_speculative_generate(
@@ -438,6 +455,11 @@ def test_loop_sampling_distribution(small_vocab):
     pvalue, s = _loop_pvalue(small_vocab, drafter, rule)
     assert s["accepted"] > 10_000 and s["tau"] < 2.9, s  # accepting and rejecting both happen
     assert pvalue > 1e-4, type(drafter).__name__
+  # A parallel drafter's block as a tree, children drawn without replacement per depth.
+  block = BlockTreeDrafter(PardDrafter(dcfg, 2), tree, dcfg.vocab_size, sample_children=True)
+  pvalue, s = _loop_pvalue(small_vocab, block, dparams=_pard(small_vocab[2], dcfg))
+  assert s["accepted"] > 10_000 and s["tau"] < 2.9, s
+  assert pvalue > 1e-4, "BlockTreeDrafter"
 
 
 def test_dynamic_trees_are_well_formed(models):

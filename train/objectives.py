@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.drafters.decoder_layer import (
@@ -27,6 +28,8 @@ from specjax.drafters.decoder_layer import (
 from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
 from specjax.drafters.eagle import EagleDrafter, EagleParams, feature, head_logits, layer_inputs
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams, medusa_logits
+from specjax.drafters.pard import PardDrafter, PardParams
+from specjax.drafters.peagle import PEagleDrafter, PEagleParams, mask_input
 from specjax.model import Params, init_params, rms_norm
 from train.data import Batch
 from train.losses import (
@@ -40,6 +43,7 @@ from train.losses import (
   soft_cross_entropy,
   target_logp,
 )
+from train.streams import stack_streams, stream_layer
 
 
 def output_matrix(target: Params) -> jax.Array:
@@ -288,4 +292,191 @@ class EagleObjective:
     return EagleDrafter(self.cfg, k, hidden_layers=self.fuse_layers)
 
 
-Objective = Any  # DraftLMObjective | MedusaObjective | EagleObjective
+def warm_start(name: str, kind: str, target: Params, tcfg: ModelConfig, d2t):
+  """The parameters of shipped drafter `name`, checked to be of `kind` and to use draft
+  vocabulary d2t (a parallel drafter fine-tunes a sequential one of the same vocabulary)."""
+  from specjax.drafters.shipped import load_shipped
+
+  shipped = load_shipped(name, target, tcfg)
+  if shipped.kind != kind:
+    raise ValueError(f"objective.init_from={name!r} is a {shipped.kind!r} drafter, not {kind!r}")
+  if not np.array_equal(np.asarray(shipped.params.d2t), np.asarray(d2t)):
+    raise ValueError(
+      f"objective.init_from={name!r} has a draft vocabulary of {len(shipped.params.d2t)} tokens "
+      f"that differs from this run's ({len(d2t)}); train on the corpus and data.draft_vocab it "
+      "was trained with, or drop init_from"
+    )
+  return shipped
+
+
+def mean_embedding(frozen: dict) -> jax.Array:
+  """[D] the mean embedding of the draft vocabulary: where a learned mask embedding starts."""
+  return jnp.mean(frozen["embed"][frozen["d2t"]].astype(jnp.float32), 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class PardObjective:
+  """PARD's mask-token objective for a parallel draft LM (`specjax.drafters.pard`).
+
+  Every anchor t of a window is trained at all K depths at once (`train.streams`): depth 1 reads
+  x_0..x_t and predicts x_{t+1}; depth j + 1 reads a mask at position t + j (seeing x_0..x_t and
+  the masks before it) and predicts x_{t+j+1}; each is distilled towards the target's distribution
+  there (KL, weight decay ** j).
+
+  Attributes:
+    cfg: the draft's config (vocab_size = the target's V).
+    k: depths trained (the block size drafting uses; smaller blocks work too).
+    init_layers: target layers copied as the initial draft layers, as in `DraftLMObjective`.
+    train_head: train the draft-vocabulary LM head.
+    init_from: name of a shipped `draft_lm` drafter whose weights start the run ("" for none).
+    decay: depth j + 1's loss weight is decay ** j.
+  """
+
+  cfg: ModelConfig
+  k: int = 8
+  init_layers: tuple[int, ...] = ()
+  train_head: bool = False
+  init_from: str = ""
+  decay: float = 0.8
+  name = "pard"
+
+  def _lm(self) -> DraftLMObjective:
+    return DraftLMObjective(self.cfg, self.init_layers, self.train_head)
+
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+    trainable, frozen = self._lm().init(key, target, tcfg, d2t)
+    if self.init_from:
+      lm = warm_start(self.init_from, "draft_lm", target, tcfg, d2t).params
+      trainable = {"layers": lm.layers, "final_norm": lm.final_norm}
+      if self.train_head:
+        trainable["lm_head"] = lm.lm_head
+    trainable["mask_embed"] = mean_embedding(frozen)
+    return trainable, frozen
+
+  def logits(self, trainable: dict, frozen: dict, batch: Batch) -> jax.Array:
+    """[B, K, T, Vd]: depth j + 1's draft logits at every anchor."""
+    x0 = frozen["embed"][batch.tokens].astype(jnp.float32)
+    x = stack_streams(x0, trainable["mask_embed"], self.k)
+    mask = doc_causal_mask(batch.doc)
+    for i in range(self.cfg.n_layers):
+      x = stream_layer(layer_at(trainable["layers"], i), x, batch.pos, mask, self.cfg)
+    h = rms_norm(x, trainable["final_norm"], self.cfg.norm_eps)
+    return jnp.einsum("bjtd,vd->bjtv", h, trainable.get("lm_head", frozen["head"]))
+
+  def loss(self, trainable, frozen, batch: Batch):
+    logits = self.logits(trainable, frozen, batch)
+    tlogp = target_logp(batch.hidden, frozen["head"])
+    total, aux = 0.0, {}
+    for j in range(self.k):
+      mask = same_doc(batch, j) & ahead(batch.response, j, False)
+      ce, kl = _kl_terms(logits[:, j], ahead(tlogp, j), mask)
+      total = total + self.decay**j * ce
+      aux[f"kl_{j + 1}"] = kl
+    return total, aux
+
+  def evaluate(self, trainable, frozen, batch: Batch) -> dict:
+    logits = self.logits(trainable, frozen, batch)
+    out = {}
+    for j in range(self.k):
+      mask = same_doc(batch, j + 1) & ahead(batch.response, j, False)
+      labels = ahead(batch.tokens, j + 1)
+      out[f"top1_step{j + 1}"] = agreement(logits[:, j], frozen["d2t"], labels, mask)
+    return out
+
+  def draft_params(self, trainable, frozen) -> PardParams:
+    return PardParams(self._lm().draft_params(trainable, frozen), trainable["mask_embed"])
+
+  def drafter(self, k: int) -> PardDrafter:
+    return PardDrafter(self.cfg, k)
+
+
+@dataclasses.dataclass(frozen=True)
+class PEagleObjective:
+  """A parallel EAGLE head (`specjax.drafters.peagle`): all K depths of every anchor in one pass.
+
+  Depth 1 is EAGLE's step 1 (the pair (x_{t+1}, g_t) at position t predicts x_{t+2}); depth j + 1
+  is the mask pair at position t + j, seeing the context up to t and the shallower masks, and
+  predicts x_{t+j+2} (`train.streams`). Distilled towards the target (KL, weight decay ** j).
+
+  Attributes:
+    cfg: the head layer's config (n_layers = 1, vocab_size = the target's V).
+    k: depths trained.
+    fuse_layers: target layers fused into the feature (EAGLE-3).
+    fuse_norm: normalise each fused layer first (`EagleObjective.fuse_norm`).
+    init_from: name of a shipped `eagle` drafter whose weights start the run ("" for none).
+    init_layer: without init_from, the target layer that initialises the head's layer (-1 random).
+    decay: depth j + 1's loss weight is decay ** j.
+  """
+
+  cfg: ModelConfig
+  k: int = 8
+  fuse_layers: tuple[int, ...] = ()
+  fuse_norm: bool = True
+  init_from: str = ""
+  init_layer: int = -1
+  decay: float = 0.8
+  name = "peagle"
+
+  def _eagle(self) -> EagleObjective:
+    return EagleObjective(
+      self.cfg, 1, self.fuse_layers, w_reg=0.0, w_cls=1.0, init_layer=self.init_layer,
+      fuse_norm=self.fuse_norm,
+    )  # fmt: skip
+
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+    trainable, frozen = self._eagle().init(key, target, tcfg, d2t)
+    if self.init_from:
+      shipped = warm_start(self.init_from, "eagle", target, tcfg, d2t)
+      fused = tuple(shipped.metadata["config"].get("fuse_layers", ()))
+      if fused != tuple(self.fuse_layers):
+        raise ValueError(
+          f"objective.init_from={self.init_from!r} fuses target layers {fused}, this objective "
+          f"{tuple(self.fuse_layers)}; set objective.fuse_layers to match"
+        )
+      trainable = {k: getattr(shipped.params, k) for k in trainable}
+    D = tcfg.d_model
+    trainable["mask_embed"] = mean_embedding(frozen)
+    trainable["mask_feature"] = jnp.zeros((D,), jnp.float32)
+    return trainable, frozen
+
+  def params(self, trainable, frozen) -> PEagleParams:
+    e = self._eagle().params(trainable, frozen)
+    return PEagleParams(e, trainable["mask_embed"], trainable["mask_feature"])
+
+  def outputs(self, trainable, frozen, batch: Batch) -> jax.Array:
+    """[B, K, T, D] head outputs: depth j + 1 of every anchor."""
+    p = self.params(trainable, frozen)
+    g = feature(p.eagle, batch.hidden, batch.layers)
+    x = stack_streams(layer_inputs(p.eagle, ahead(batch.tokens, 1), g), mask_input(p), self.k)
+    return stream_layer(p.eagle.layer, x, batch.pos, doc_causal_mask(batch.doc), self.cfg)
+
+  def loss(self, trainable, frozen, batch: Batch):
+    e = self.params(trainable, frozen).eagle
+    o = self.outputs(trainable, frozen, batch)
+    tlogp = target_logp(batch.hidden, frozen["head"])
+    total, aux = 0.0, {}
+    for j in range(self.k):
+      mask = same_doc(batch, j + 1) & ahead(batch.response, j + 1, False)
+      ce, kl = _kl_terms(head_logits(e, o[:, j], self.cfg.norm_eps), ahead(tlogp, j + 1), mask)
+      total = total + self.decay**j * ce
+      aux[f"kl_{j + 1}"] = kl
+    return total, aux
+
+  def evaluate(self, trainable, frozen, batch: Batch) -> dict:
+    e = self.params(trainable, frozen).eagle
+    o = self.outputs(trainable, frozen, batch)
+    out = {}
+    for j in range(self.k):
+      mask = same_doc(batch, j + 2) & ahead(batch.response, j + 1, False)
+      logits = head_logits(e, o[:, j], self.cfg.norm_eps)
+      out[f"top1_step{j + 1}"] = agreement(logits, frozen["d2t"], ahead(batch.tokens, j + 2), mask)
+    return out
+
+  def draft_params(self, trainable, frozen) -> PEagleParams:
+    return self.params(trainable, frozen)
+
+  def drafter(self, k: int) -> PEagleDrafter:
+    return PEagleDrafter(self.cfg, k, self.fuse_layers)
+
+
+Objective = Any  # one of the objectives above

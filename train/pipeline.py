@@ -114,6 +114,29 @@ def medusa_objective(o: dict, tcfg: ModelConfig):
   return objectives.MedusaObjective(o["n_heads"], tcfg.vocab_size, o.get("decay", 0.8))
 
 
+def pard_objective(o: dict, tcfg: ModelConfig):
+  return objectives.PardObjective(
+    tcfg.replace(n_layers=o["n_layers"]),
+    k=o.get("k", 8),
+    init_layers=tuple(o.get("init_layers", ())),
+    train_head=o.get("train_head", False),
+    init_from=o.get("init_from", ""),
+    decay=o.get("decay", 0.8),
+  )
+
+
+def peagle_objective(o: dict, tcfg: ModelConfig):
+  return objectives.PEagleObjective(
+    tcfg.replace(n_layers=1),
+    k=o.get("k", 8),
+    fuse_layers=tuple(o.get("fuse_layers", ())),
+    fuse_norm=o.get("fuse_norm", True),
+    init_from=o.get("init_from", ""),
+    init_layer=o.get("init_layer", -1),
+    decay=o.get("decay", 0.8),
+  )
+
+
 def eagle_objective(o: dict, tcfg: ModelConfig):
   return objectives.EagleObjective(
     tcfg.replace(n_layers=1),

@@ -81,6 +81,9 @@ def base_config() -> ml_collections.ConfigDict:
       w_cls=0.1,
       init_layer=-1,
       fuse_norm=True,
+      # pard and peagle (parallel drafters): depths trained, shipped drafter to start from
+      k=8,
+      init_from="",
     )
   )
   c.train = ml_collections.ConfigDict(

@@ -1,6 +1,6 @@
 """Drafters: pure-function proposal mechanisms that plug into the speculative decode loop.
 
-Tree drafters live in `specjax.drafters.tree_draft_model`, `tree_heads`, `tree_eagle` and `suffix`;
+Parallel (block) drafters are `pard` and `peagle` (`specjax.drafters.parallel`). Tree drafters live in `specjax.drafters.tree_draft_model`, `tree_heads`, `tree_eagle` and `suffix`;
 both protocols (chain and tree) are in `specjax.drafters.base`, which imports no loop.
 """
 
@@ -13,6 +13,8 @@ from specjax.drafters.draft_model import (
 )
 from specjax.drafters.eagle import EagleDrafter, EagleParams
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams
+from specjax.drafters.pard import PardDrafter, PardParams
+from specjax.drafters.peagle import PEagleDrafter, PEagleParams
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
 
 __all__ = [
@@ -29,4 +31,8 @@ __all__ = [
   "MedusaParams",
   "EagleDrafter",
   "EagleParams",
+  "PardDrafter",
+  "PardParams",
+  "PEagleDrafter",
+  "PEagleParams",
 ]

@@ -38,6 +38,11 @@ def attend_and_mlp(lp: LayerParams, x, q, keys, values, mask, cfg: ModelConfig):
   s = jnp.where(mask[:, None, None], s * cfg.head_dim**-0.5, -1e30)
   p = jax.nn.softmax(s, -1)
   attn = jnp.einsum("bkgts,bskd->btkgd", p, values).reshape(B, T, -1)
+  return finish_layer(lp, x, attn, cfg)
+
+
+def finish_layer(lp: LayerParams, x, attn, cfg: ModelConfig):
+  """The layer after attention: output projection of attn [..., H*Dh], residual, MLP."""
   x = x + linear(attn, lp.wo)
   h = rms_norm(x, lp.mlp_norm, cfg.norm_eps)
   return x + linear(swiglu(h, lp.w_gate, lp.w_up), lp.w_down)

@@ -107,7 +107,7 @@ class DraftLMDrafter(LazyDrafterDefaults):
     return cache.with_lengths(valid)
 
 
-def _shipped_params(t, d2t, out_matrix, target_params) -> DraftLMParams:
+def params_from_tensors(t, d2t, out_matrix, target_params) -> DraftLMParams:
   head = t["lm_head"] if "lm_head" in t else out_matrix[d2t]
   return DraftLMParams(target_params.embed, layer_params(t, "layers"), t["final_norm"], head, d2t)
 
@@ -115,7 +115,7 @@ def _shipped_params(t, d2t, out_matrix, target_params) -> DraftLMParams:
 register(
   DrafterKind(
     "draft_lm",
-    params=_shipped_params,
+    params=params_from_tensors,
     chain=lambda shipped, k: DraftLMDrafter(shipped.head_cfg, k),
     objective="train.pipeline:draft_lm_objective",
   )

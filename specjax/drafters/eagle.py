@@ -197,7 +197,7 @@ class EagleDrafter(DrafterDefaults):
     return EagleState(cache, g, step.n_committed.astype(jnp.int32))
 
 
-def _shipped_params(t, d2t, out_matrix, target_params) -> EagleParams:
+def params_from_tensors(t, d2t, out_matrix, target_params) -> EagleParams:
   return EagleParams(
     w_in=t["w_in"],
     layer=layer_params(t, "layer"),
@@ -210,7 +210,7 @@ def _shipped_params(t, d2t, out_matrix, target_params) -> EagleParams:
   )
 
 
-def _fused(shipped) -> tuple[int, ...]:
+def fused_layers(shipped) -> tuple[int, ...]:
   return tuple(shipped.metadata["config"].get("fuse_layers", ()))
 
 
@@ -219,14 +219,14 @@ def _tree(shipped, t, vocab_size: int):
   from specjax.drafters.tree_eagle import EagleTreeDrafter
 
   del vocab_size
-  return EagleTreeDrafter(shipped.head_cfg, t.top_k, t.depth, t.n_nodes, _fused(shipped))
+  return EagleTreeDrafter(shipped.head_cfg, t.top_k, t.depth, t.n_nodes, fused_layers(shipped))
 
 
 register(
   DrafterKind(
     "eagle",
-    params=_shipped_params,
-    chain=lambda shipped, k: EagleDrafter(shipped.head_cfg, k, _fused(shipped)),
+    params=params_from_tensors,
+    chain=lambda shipped, k: EagleDrafter(shipped.head_cfg, k, fused_layers(shipped)),
     tree=_tree,
     objective="train.pipeline:eagle_objective",
   )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -51,6 +52,48 @@ def medusa_logits_source(params, h: jax.Array):
   from specjax.drafters.medusa import medusa_logits  # the chain drafter's module
 
   return medusa_logits(params, h), params.d2t
+
+
+def tree_from_depth_logits(
+  tree: StaticTree, logits, d2t, seq, seq_len, key, sampling: SamplingConfig,
+  sample_children: bool, vocab_size: int,
+):  # fmt: skip
+  """The static `tree` filled the Medusa way from per-depth logits [B, K, Vd] (K >= depth): the
+  child of rank r at depth d is depth d's r-th best token, or, with `sample_children` while
+  sampling, each parent's children are draws without replacement from depth d's distribution."""
+  b = tree.buffers()
+  B, D = seq.shape[0], tree.max_depth
+  if logits.shape[1] < D:
+    raise ValueError(f"the tree has depth {D} but the source scores only {logits.shape[1]} depths")
+  to_target = (lambda i: i) if d2t is None else (lambda i: d2t[i].astype(jnp.int32))
+  sampled = sample_children and not sampling.greedy
+  root = jnp.take_along_axis(seq, (seq_len - 1)[:, None], 1)[:, 0]
+  tokens = jnp.zeros((B, tree.n_nodes), jnp.int32).at[:, 0].set(root)
+  logq = None
+  if sampled:
+    lq = sampling.logprobs(logits[:, :D])  # [B, D, Vd]
+    if d2t is not None:
+      full = jnp.full(lq.shape[:-1] + (vocab_size,), -jnp.inf, jnp.float32)
+      lq_full = full.at[..., d2t].set(lq)
+    else:
+      lq_full = lq
+    # A node at depth d - 1 draws its children from depth d's row (leaves' rows are unused).
+    logq = lq_full[:, jnp.asarray(np.minimum(b.depth, D - 1))]
+  keys = jax.random.split(key, D)
+  for d in range(1, D + 1):
+    level = np.flatnonzero(b.depth == d)
+    n_draw = int(b.rank[level].max()) + 1
+    if sampled:
+      parents = np.unique(b.parent[level])
+      par_pos = np.searchsorted(parents, b.parent[level])
+      lq_d = jnp.broadcast_to(lq[:, d - 1, None], (B, len(parents), lq.shape[-1]))
+      g = jax.random.gumbel(keys[d - 1], lq_d.shape, jnp.float32)
+      picks = jax.lax.top_k(lq_d + g, n_draw)[1]
+      tokens = tokens.at[:, level].set(to_target(picks[:, par_pos, b.rank[level]]))
+    else:
+      top = jax.lax.top_k(logits[:, d - 1], n_draw)[1]  # [B, n_draw]
+      tokens = tokens.at[:, level].set(to_target(top[:, b.rank[level]]))
+  return static_token_tree(tree, tokens, logq)
 
 
 @jax.tree_util.register_dataclass
@@ -103,42 +146,11 @@ class HeadTreeDrafter(TreeDrafterDefaults):
     return HeadState(prefill.hidden[rows, prompt_lens - 1].astype(jnp.float32))
 
   def propose(self, params, state: HeadState, seq, seq_len, key, sampling: SamplingConfig):
-    b = self.tree.buffers()
-    B, D = seq.shape[0], self.max_depth
     logits, d2t = self.source(params, state.h)
-    if logits.shape[1] < D:
-      raise ValueError(
-        f"the tree has depth {D} but the source scores only {logits.shape[1]} depths"
-      )
-    to_target = (lambda i: i) if d2t is None else (lambda i: d2t[i].astype(jnp.int32))
-    sampled = self.sample_children and not sampling.greedy
-    root = jnp.take_along_axis(seq, (seq_len - 1)[:, None], 1)[:, 0]
-    tokens = jnp.zeros((B, self.n_nodes), jnp.int32).at[:, 0].set(root)
-    logq = None
-    if sampled:
-      lq = sampling.logprobs(logits[:, :D])  # [B, D, Vd]
-      if d2t is not None:
-        full = jnp.full(lq.shape[:-1] + (self.vocab_size,), -jnp.inf, jnp.float32)
-        lq_full = full.at[..., d2t].set(lq)
-      else:
-        lq_full = lq
-      # A node at depth d - 1 draws its children from head d - 1 (leaves' rows are unused).
-      logq = lq_full[:, jnp.asarray(np.minimum(b.depth, D - 1))]
-    keys = jax.random.split(key, D)
-    for d in range(1, D + 1):
-      level = np.flatnonzero(b.depth == d)
-      n_draw = int(b.rank[level].max()) + 1
-      if sampled:
-        parents = np.unique(b.parent[level])
-        par_pos = np.searchsorted(parents, b.parent[level])
-        lq_d = jnp.broadcast_to(lq[:, d - 1, None], (B, len(parents), lq.shape[-1]))
-        g = jax.random.gumbel(keys[d - 1], lq_d.shape, jnp.float32)
-        picks = jax.lax.top_k(lq_d + g, n_draw)[1]
-        tokens = tokens.at[:, level].set(to_target(picks[:, par_pos, b.rank[level]]))
-      else:
-        top = jax.lax.top_k(logits[:, d - 1], n_draw)[1]  # [B, n_draw]
-        tokens = tokens.at[:, level].set(to_target(top[:, b.rank[level]]))
-    return TreeProposal(static_token_tree(self.tree, tokens, logq), state)
+    tree = tree_from_depth_logits(
+      self.tree, logits, d2t, seq, seq_len, key, sampling, self.sample_children, self.vocab_size
+    )
+    return TreeProposal(tree, state)
 
   def commit(self, params, state: HeadState, seq, seq_len, step: TreeStepResult) -> HeadState:
     del params, seq, seq_len
@@ -151,3 +163,69 @@ class HeadTreeDrafter(TreeDrafterDefaults):
   ) -> HeadState:
     """After an AR step of the adaptive loop: the heads need only its hidden state."""
     return self.commit(params, state, new_seq, new_seq_len, step)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockTreeDrafter(TreeDrafterDefaults):
+  """Static-tree drafting from a parallel drafter's block (`specjax.drafters.pard`, `peagle`):
+  one drafter pass scores every depth, the tree is filled as `HeadTreeDrafter` fills it, and the
+  drafter's own state follows the accepted path (its commit reads `StepResult` along the path).
+
+  Attributes:
+    block: a parallel drafter with `block_logits(params, state, seq, seq_len) -> (logits
+      [B, K, Vd], d2t, state)`; its K is the tree depth (its state is sized by K + 1 = the path).
+    tree: the static topology.
+    vocab_size: the target's V.
+    sample_children: when sampling, draw each parent's children without replacement.
+  """
+
+  block: Any
+  tree: StaticTree
+  vocab_size: int
+  sample_children: bool = False
+
+  def __post_init__(self):
+    if self.block.k != self.tree.max_depth:
+      raise ValueError(f"block size {self.block.k} != tree depth {self.tree.max_depth}")
+    if self.sample_children and not self.tree.ranks_are_contiguous():
+      raise ValueError("sampled children need each node's children to have ranks 0 .. c - 1")
+
+  @property
+  def hidden_layers(self) -> tuple[int, ...]:
+    return self.block.hidden_layers
+
+  @property
+  def n_nodes(self) -> int:
+    return self.tree.n_nodes
+
+  @property
+  def max_depth(self) -> int:
+    return self.tree.max_depth
+
+  @property
+  def draws(self) -> str:
+    return "without_replacement" if self.sample_children else "deterministic"
+
+  def capacity_slack(self) -> int:
+    return self.block.capacity_slack()
+
+  def init(self, params, prefill, prompts, prompt_lens, capacity: int):
+    return self.block.init(params, prefill, prompts, prompt_lens, capacity)
+
+  def propose(self, params, state, seq, seq_len, key, sampling: SamplingConfig):
+    logits, d2t, state = self.block.block_logits(params, state, seq, seq_len)
+    tree = tree_from_depth_logits(
+      self.tree, logits, d2t, seq, seq_len, key, sampling, self.sample_children, self.vocab_size
+    )
+    return TreeProposal(tree, state)
+
+  def catch_up(self, params, state, seq, seq_len, width: int):
+    return self.block.catch_up(params, state, seq, seq_len, width)
+
+  def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling):
+    return self.block.observe(
+      params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
+    )
+
+  def commit(self, params, state, seq, seq_len, step: TreeStepResult):
+    return self.block.commit(params, state, seq, seq_len, step)

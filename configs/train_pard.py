@@ -1,0 +1,39 @@
+"""A PARD-style parallel draft LM for SmolLM2-135M-Instruct: the shipped 2-layer draft LM
+(`draft-lm2-smollm2-135m`) fine-tuned with PARD's mask-token objective over K = 8 depths, so that
+one draft forward pass proposes a block of 8 tokens (`specjax.drafters.pard`), on the committed
+self-distilled corpus (`train/corpora/smollm2-sd-v1.npz`, shared feature cache).
+
+Commands (from the repository root):
+
+  python train/main.py --config=configs/train_pard.py --workdir=/tmp/specjax_train_pard
+  python train/main.py --config=configs/train_pard.py:tiny --workdir=/tmp/pard_tiny \
+    --config.target=/path/to/tiny_hf_dir
+"""
+
+import ml_collections
+
+from train.settings import apply_variant, base_config, use_corpus
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  config = use_corpus(base_config())
+  config.objective.kind = "pard"
+  config.objective.k = 8
+  config.objective.n_layers = 2
+  config.objective.init_layers = (0, 1)  # used only without init_from
+  config.objective.init_from = "draft-lm2-smollm2-135m"
+  config.train.steps = 300
+  config.train.lr = 3e-4
+  config.train.batch_size = 4
+  config.train.warmup = 20
+  config.train.save_every = 25
+  config.train.eval_every = 50
+  config.train.eval_windows = 32
+  config.ship.name = "pard-smollm2-135m"
+  config = apply_variant(config, arg)
+  if arg == "tiny":
+    config.objective.k = 3
+    config.objective.n_layers = 1
+    config.objective.init_layers = (0,)
+    config.objective.init_from = ""
+  return config

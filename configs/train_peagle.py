@@ -1,0 +1,37 @@
+"""A P-EAGLE-style parallel EAGLE head for SmolLM2-135M-Instruct: the shipped EAGLE-3 head
+(`eagle3-smollm2-135m`, fused target layers 2, 15 and 27) fine-tuned to draft K = 8 depths in
+one pass from a learned mask pair (`specjax.drafters.peagle`), on the committed self-distilled
+corpus (`train/corpora/smollm2-sd-v1.npz`, shared feature cache).
+
+Commands (from the repository root):
+
+  python train/main.py --config=configs/train_peagle.py --workdir=/tmp/specjax_train_peagle
+  python train/main.py --config=configs/train_peagle.py:tiny --workdir=/tmp/peagle_tiny \
+    --config.target=/path/to/tiny_hf_dir
+"""
+
+import ml_collections
+
+from train.settings import apply_variant, base_config, use_corpus
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  config = use_corpus(base_config())
+  config.objective.kind = "peagle"
+  config.objective.k = 8
+  config.objective.fuse_layers = config.data.features.hidden_layers
+  config.objective.init_from = "eagle3-smollm2-135m"
+  config.train.steps = 300
+  config.train.lr = 1e-3
+  config.train.batch_size = 4
+  config.train.warmup = 20
+  config.train.save_every = 25
+  config.train.eval_every = 50
+  config.train.eval_windows = 32
+  config.ship.name = "peagle-smollm2-135m"
+  config = apply_variant(config, arg)
+  if arg == "tiny":
+    config.objective.k = 3
+    config.objective.fuse_layers = (0, 1)
+    config.objective.init_from = ""
+  return config

@@ -1,0 +1,138 @@
+"""P-EAGLE-style parallel EAGLE head: an EAGLE-3 head that drafts a whole block in one pass.
+
+P-EAGLE (parallel-drafting EAGLE; followed here as NVIDIA NeMo AutoModel implements it in
+`nemo_automodel/components/speculative/eagle/peagle_draft.py`) keeps the EAGLE-3 head and replaces
+its K sequential steps by one pass: depths past the first get a learnable placeholder in place of
+the (unknown) token and feature, sit at position anchor + depth, and see the context and the
+shallower placeholders only. Here the placeholder is a learned mask embedding and a learned mask
+feature, both fed through the head's W_in like a real (token, feature) pair.
+
+Drafting keeps `specjax.drafters.eagle`'s state and invariant: the pending verified features are
+fed as a window of K + 1 pairs, followed by K - 1 mask pairs in the same pass
+(`specjax.drafters.parallel`); draft 1 is read at the last real pair (position seq_len - 2), draft
+j + 1 at mask j. `commit` is EAGLE's (the cache rolls back to the verified pairs). Trained by
+`train.objectives.PEagleObjective`, usually starting from a trained EAGLE-3 head.
+
+Why this and not DFlash: DFlash's drafter is a block-diffusion model that reads the target's
+features as context in every layer and needs its own multi-layer architecture trained from
+scratch; P-EAGLE reuses the EAGLE-3 head, its fused features and its trained weights, which on
+this CPU (a few CPU-hours of training) is the difference between fine-tuning and pretraining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from specjax.config import ModelConfig
+from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
+from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.drafters.eagle import (
+  EagleDrafter,
+  EagleParams,
+  EagleState,
+  cached_layer,
+  fused_layers,
+  head_logits,
+  layer_inputs,
+  params_from_tensors,
+)
+from specjax.drafters.parallel import block_outputs, with_masks
+from specjax.drafters.registry import DrafterKind, register
+from specjax.kernels import linear
+from specjax.kv_cache import read_rows
+from specjax.sampling import SamplingConfig
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PEagleParams:
+  """eagle: the head's weights; mask_embed and mask_feature: [D] the placeholder pair."""
+
+  eagle: EagleParams
+  mask_embed: jax.Array
+  mask_feature: jax.Array
+
+
+def mask_input(params: PEagleParams) -> jax.Array:
+  """[D]: W_in [mask_embed; mask_feature], the head's input at every mask slot."""
+  pair = jnp.concatenate([params.mask_embed, params.mask_feature]).astype(jnp.float32)
+  return linear(pair[None], params.eagle.w_in)[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class PEagleDrafter(DrafterDefaults):
+  """Block drafting with a parallel EAGLE head: K tokens per propose, one head pass.
+
+  Attributes:
+    cfg: the head layer's config (n_layers = 1; vocab_size = the target's V).
+    k: block size K.
+    hidden_layers: target layers the head fuses (EAGLE-3); () for an EAGLE-1 feature.
+  """
+
+  cfg: ModelConfig
+  k: int = 8
+  hidden_layers: tuple[int, ...] = ()
+
+  @property
+  def eagle(self) -> EagleDrafter:
+    """The sequential head with the same state: init, observe and commit are its own."""
+    return EagleDrafter(self.cfg, self.k, self.hidden_layers)
+
+  def capacity_slack(self) -> int:
+    return self.k  # a pass covers K + 1 window slots and K - 1 masks from the cache length
+
+  def block_logits(self, params: PEagleParams, state: EagleState, seq, seq_len):
+    """(logits [B, K, Vd], d2t, state after the pass)."""
+    del seq_len
+    e = params.eagle
+    c, m = state.cache.lengths, state.n_pending
+    tokens = read_rows(seq, c + 1, state.pending.shape[1])
+    x = with_masks(layer_inputs(e, tokens, state.pending), m, mask_input(params), self.k)
+    o, cache = cached_layer(e, x, state.cache, self.cfg)
+    logits = head_logits(e, block_outputs(o, m, self.k), self.cfg.norm_eps)
+    return logits, e.d2t, EagleState(cache.with_lengths(c + m), state.pending, state.n_pending)
+
+  def init(self, params: PEagleParams, prefill, prompts, prompt_lens, capacity: int):
+    return self.eagle.init(params.eagle, prefill, prompts, prompt_lens, capacity)
+
+  def propose(
+    self, params: PEagleParams, state: EagleState, seq, seq_len, key, sampling: SamplingConfig
+  ) -> Proposal:
+    logits, d2t, state = self.block_logits(params, state, seq, seq_len)
+    tokens, logq_d = draw(key, logits, d2t, sampling)
+    logq = None if sampling.greedy else scatter_logq(logq_d, d2t, self.cfg.vocab_size)
+    return Proposal(tokens, logq, jnp.full((seq.shape[0],), self.k, jnp.int32), state)
+
+  def observe(self, params: PEagleParams, state, seq, seq_len, new_seq, new_seq_len,
+              step: StepResult, key, sampling) -> EagleState:  # fmt: skip
+    return self.eagle.observe(
+      params.eagle, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
+    )
+
+  def commit(self, params: PEagleParams, state: EagleState, seq, seq_len, step: StepResult):
+    return self.eagle.commit(params.eagle, state, seq, seq_len, step)
+
+
+def _tree(shipped, t, vocab_size: int):
+  """A static tree over the block's per-depth top-k (`specjax.drafters.tree_heads`)."""
+  from specjax.drafters.tree_heads import BlockTreeDrafter
+  from specjax.trees import default_static_tree
+
+  block = PEagleDrafter(shipped.head_cfg, t.depth, fused_layers(shipped))
+  return BlockTreeDrafter(block, default_static_tree(t.n_nodes, t.depth), vocab_size)
+
+
+register(
+  DrafterKind(
+    "peagle",
+    params=lambda t, d2t, out_matrix, target_params: PEagleParams(
+      params_from_tensors(t, d2t, out_matrix, target_params), t["mask_embed"], t["mask_feature"]
+    ),
+    chain=lambda shipped, k: PEagleDrafter(shipped.head_cfg, k, fused_layers(shipped)),
+    tree=_tree,
+    objective="train.pipeline:peagle_objective",
+  )
+)
