@@ -3,13 +3,14 @@
   python benchmarks/drafters_report.py --per_category=2 --max_new_tokens=128 \
     --workdir=/tmp/specjax_drafters_report
 
-Greedy, batch 1, chain drafting with K=4, the first user turn of the first `per_category`
+Greedy, batch 1, chain drafting with K=4 (or each drafter's own K, `--drafters=NAME:K`), the first user turn of the first `per_category`
 prompts of each Spec-Bench category (the file is read from ../shared/data/spec_bench or
 $SPECJAX_SPEC_BENCH, never copied). For each drafter it prints:
 
   c           measured cost ratio: seconds per drafted token (one `propose` of K tokens / K)
               over seconds per target decode step (one token, batch 1), both jitted and timed
               after compilation at the same cache length (the median of `--reps` calls);
+  propose     seconds of one whole `propose` (a block of K) over one decode step;
   verify      seconds of one K+1-token target verify pass over one decode step;
   accept@i    per-pass acceptance of draft position i (accepted_at / target passes; vLLM's
               per-position rate), and alpha_i (accepted_at / reached_at, EAGLE's conditional);
@@ -45,7 +46,10 @@ _PER_CATEGORY = flags.DEFINE_integer("per_category", 2, "Prompts per Spec-Bench 
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated per prompt.")
 _K = flags.DEFINE_integer("k", 4, "Draft length K (chain).")
 _REPS = flags.DEFINE_integer("reps", 20, "Timed calls per cost measurement.")
-_DRAFTERS = flags.DEFINE_list("drafters", [], "Shipped drafter names (default: all).")
+_DRAFTERS = flags.DEFINE_list(
+  "drafters", [], "Shipped drafter names, each optionally NAME:K for its own draft length "
+  "(a block size for the parallel drafters); default: all, at --k."
+)  # fmt: skip
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/specjax_drafters_report", "Records directory.")
 _SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl path.")
 
@@ -85,24 +89,43 @@ def cost_ratios(target, shipped, k: int, reps: int, context: int = 256) -> dict:
   cache = pre.cache
   t_step = _median_time(step, params, seq[:, context : context + 1], cache, reps=reps)
   t_verify = _median_time(step, params, seq[:, context : context + k + 1], cache, reps=reps)
-  return {"c": t_draft / k / t_step, "verify": t_verify / t_step, "step_ms": 1e3 * t_step}
+  return {
+    "c": t_draft / k / t_step,
+    "block": t_draft / t_step,
+    "verify": t_verify / t_step,
+    "step_ms": 1e3 * t_step,
+  }
+
+
+def parse_drafters(entries: list[str], default_k: int) -> dict[str, int]:
+  """{name: K} from "NAME" or "NAME:K" entries."""
+  out = {}
+  for e in entries:
+    name, _, k = e.partition(":")
+    if k and not k.isdigit():
+      raise SystemExit(f"--drafters entry {e!r}: K must be a positive integer (NAME:K)")
+    out[name] = int(k) if k else default_k
+  return out
 
 
 def main(argv):
   del argv
   target = load_target("smollm2-135m-instruct")
-  names = _DRAFTERS.value or list_shipped()
-  if not names:
+  ks = parse_drafters(_DRAFTERS.value or list_shipped(), _K.value)
+  if not ks:
     raise SystemExit("no shipped drafters in specjax/drafters/shipped")
-  k = _K.value
+  names, k = list(ks), max(ks.values())
   shipped = {n: load_shipped(n, target.params, target.cfg) for n in names}
-  print(f"# Shipped drafters on Spec-Bench (greedy, batch 1, chain K={k})\n")
+  print(f"# Shipped drafters on Spec-Bench (greedy, batch 1, chain K: {ks})\n")
   print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
-  print("| drafter | kind | held-out top-1 (training metric) | c | verify/step | step ms |")
-  print("|---|---|---|---:|---:|---:|")
+  print(
+    "| drafter | kind | K | held-out top-1 (training metric) | c | propose/step "
+    "| verify/step | step ms |"
+  )
+  print("|---|---|---:|---|---:|---:|---:|---:|")
   costs = {}
   for n, s in shipped.items():
-    costs[n] = cost_ratios(target, s, k, _REPS.value)
+    costs[n] = cost_ratios(target, s, ks[n], _REPS.value)
     held = ", ".join(
       f"{a} {b:.3f}" for a, b in s.metadata["heldout"].items() if a.startswith("top1")
     )
@@ -110,9 +133,10 @@ def main(argv):
       held += f"; simulated tau {s.metadata['heldout']['simulated_tau']:.2f}"
     cst = costs[n]
     print(
-      f"| {n} | {s.kind} | {held} | {cst['c']:.3f} | {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
+      f"| {n} | {s.kind} | {ks[n]} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
+      f"| {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
     )
-  methods = [Method(f"{n}_k{k}", s.drafter(k), s.params) for n, s in shipped.items()]
+  methods = [Method(f"{n}_k{ks[n]}", s.drafter(ks[n]), s.params) for n, s in shipped.items()]
   gen = GenerateConfig(max_new_tokens=_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
   prompts = load_spec_bench(
     find_spec_bench(_SPEC_BENCH.value), SPEC_BENCH_CATEGORIES, _PER_CATEGORY.value, turns=1
@@ -120,7 +144,7 @@ def main(argv):
   runner = Runner(target, methods, gen, log=lambda line: print(line, flush=True))
   settings = {
     "drafters": names,
-    "k": k,
+    "k": ks,
     "per_category": _PER_CATEGORY.value,
     "max_new": _MAX_NEW.value,
   }
@@ -141,8 +165,9 @@ def main(argv):
     for m in methods:
       ms = [r["methods"][m.name] for r in recs]
       passes = max(sum(x["target_passes"] for x in ms), 1)
-      acc = np.sum([x["accepted_at"] for x in ms], 0)
-      reach = np.maximum(np.sum([x["reached_at"] for x in ms], 0), 1)
+      pad = lambda a: np.pad(np.asarray(a, float), (0, k - len(a)))  # noqa: E731 - shorter K
+      acc = np.sum([pad(x["accepted_at"]) for x in ms], 0)
+      reach = np.maximum(np.sum([pad(x["reached_at"]) for x in ms], 0), 1)
       print(
         f"| {cat} | {m.name} | "
         + " | ".join(f"{a / passes:.3f}" for a in acc)

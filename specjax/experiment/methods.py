@@ -162,17 +162,20 @@ def _draft_model(settings, target, load_model):
   return params, cfg
 
 
-# tree.kind values that draft with a shipped drafter's tree form, and the kind each needs.
-SHIPPED_TREES = {"eagle": "eagle", "heads": "medusa"}
+# tree.kind values that draft with a shipped drafter's tree form, and the kinds each takes:
+# EAGLE-2's dynamic tree over an EAGLE head, or a static Medusa-style tree over per-depth
+# candidates (Medusa heads, or the block of a parallel drafter).
+SHIPPED_TREES = {"eagle": ("eagle",), "heads": ("medusa", "pard", "peagle")}
 
 
 def _tree_method(settings, target, load_model, name: str) -> Method:
   t = settings.tree
   if t.kind in SHIPPED_TREES:  # the shipped drafter's own tree form (`DrafterKind.tree`)
     shipped = load_shipped_drafter(settings.drafter.shipped, target)
-    if shipped.kind != SHIPPED_TREES[t.kind]:
+    if shipped.kind not in SHIPPED_TREES[t.kind]:
       raise ValueError(
-        f"tree.kind={t.kind} needs a {SHIPPED_TREES[t.kind]} drafter; {shipped.name} is {shipped.kind}"
+        f"tree.kind={t.kind} needs a drafter of kind {' or '.join(SHIPPED_TREES[t.kind])}; "
+        f"{shipped.name} is {shipped.kind}"
       )
     drafter = shipped.tree_drafter(t, target.cfg.vocab_size)
     return Method(name, drafter, shipped.params, None, "tree")

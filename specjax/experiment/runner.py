@@ -62,6 +62,30 @@ SETTINGS = "settings.json"
 SKIPPABLE = (ValueError, RuntimeError, MemoryError)
 
 
+def run_method(target: Target, method: Method | None, gen: GenerateConfig, prompts, lens, key,
+           budget=None):  # fmt: skip
+  """Generates from padded prompts [B, Tp] with `method` (None = AR) in the decode loop its
+  `loop` names: `generate`, `speculative_generate`, `tree_speculative_generate` or
+  `smc_generate`. budget: optional [B] per-row token budgets (not for SMC-SD)."""
+  t = target
+  if method is None:
+    return generate(t.params, t.cfg, prompts, lens, gen, key, budget)
+  if method.loop == "smc":
+    return smc_generate(
+      t.params, t.cfg, method.drafter, method.draft_params, prompts, lens,
+      smc_config(method.smc, gen), key,
+    )  # fmt: skip
+  fn = tree_speculative_generate if method.loop == "tree" else speculative_generate
+  adaptive = {}
+  if method.adaptive is not None:
+    costs = method.costs(prompts.shape[1]) if callable(method.costs) else method.costs
+    adaptive = {"adaptive": method.adaptive, "costs": costs}
+  return fn(
+    t.params, t.cfg, method.drafter, method.draft_params, prompts, lens, gen,
+    method.rule, key, budget, **adaptive,
+  )  # fmt: skip
+
+
 def prompt_width(n_tokens: int, min_width: int, max_width: int) -> int:
   """Padded prompt width: the next power of two >= n_tokens, at least `min_width`, at most
   `max_width` (what fits the context), and never less than `n_tokens`."""
@@ -121,23 +145,7 @@ class Runner:
     self.history: list[list[int]] = []  # AR outputs of the prompts run so far, oldest first
 
   def _call(self, method: Method | None, prompts, lens, key, budget=None):
-    t = self.target
-    if method is None:
-      return generate(t.params, t.cfg, prompts, lens, self.gen, key, budget)
-    if method.loop == "smc":
-      return smc_generate(
-        t.params, t.cfg, method.drafter, method.draft_params, prompts, lens,
-        smc_config(method.smc, self.gen), key,
-      )  # fmt: skip
-    fn = tree_speculative_generate if method.loop == "tree" else speculative_generate
-    adaptive = {}
-    if method.adaptive is not None:
-      costs = method.costs(prompts.shape[1]) if callable(method.costs) else method.costs
-      adaptive = {"adaptive": method.adaptive, "costs": costs}
-    return fn(
-      t.params, t.cfg, method.drafter, method.draft_params, prompts, lens, self.gen,
-      method.rule, key, budget, **adaptive,
-    )  # fmt: skip
+    return run_method(self.target, method, self.gen, prompts, lens, key, budget)
 
   def run(self, method: Method | None, ids: Sequence[int], key: jax.Array) -> Generation:
     """Generates from `ids` with `method` (None = AR), compiling the shape untimed if new."""

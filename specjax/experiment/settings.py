@@ -49,8 +49,9 @@ def base_config() -> ml_collections.ConfigDict:
     ""  # shipped: a drafter in specjax/drafters/shipped (e.g. "medusa4-smollm2-135m")
   )
   c.tree = ml_collections.ConfigDict()
-  # static / dynamic (EAGLE-2) over a draft model; heads: static over Medusa heads; eagle: EAGLE-2
-  # dynamic tree over a shipped EAGLE head (drafter.shipped)
+  # static / dynamic (EAGLE-2) over a draft model; heads: static over Medusa heads or a parallel
+  # drafter's block (pard, peagle); eagle: EAGLE-2 dynamic tree over a shipped EAGLE head
+  # (drafter.shipped)
   c.tree.kind = "static"
   c.tree.n_nodes = 16  # N, nodes per tree including the root
   c.tree.depth = 4  # deepest node

@@ -91,6 +91,19 @@ def _check(meta: dict, tensors: dict, target_cfg: ModelConfig) -> None:
     raise ShippedDrafterError("d2t holds ids outside the target vocabulary")
 
 
+def read_metadata(name: str, directory: str = SHIPPED_DIR) -> dict:
+  """The JSON metadata of shipped drafter `name` (kind, config, recipe, held-out metrics).
+
+  Raises:
+    ShippedDrafterError: for an unknown name, listing the shipped ones.
+  """
+  meta_path = os.path.join(directory, f"{name}.json")
+  if not os.path.exists(meta_path):
+    raise ShippedDrafterError(f"no shipped drafter {name!r}; available: {list_shipped(directory)}")
+  with open(meta_path) as f:
+    return json.load(f)
+
+
 def load_shipped(
   name: str, target_params: Params, target_cfg: ModelConfig, directory: str = SHIPPED_DIR
 ) -> ShippedDrafter:
@@ -99,11 +112,7 @@ def load_shipped(
   Raises:
     ShippedDrafterError: unknown name, checksum mismatch, wrong target, or a shape mismatch.
   """
-  meta_path = os.path.join(directory, f"{name}.json")
-  if not os.path.exists(meta_path):
-    raise ShippedDrafterError(f"no shipped drafter {name!r}; available: {list_shipped(directory)}")
-  with open(meta_path) as f:
-    meta = json.load(f)
+  meta = read_metadata(name, directory)
   path = os.path.join(directory, meta["file"])
   digest = sha256_of(path)
   if digest != meta["sha256"]:

@@ -1,0 +1,55 @@
+"""The high-level entry (`specjax.api.SpeculativeLM`): methods by name, batches of chat prompts,
+texts and per-row metrics; greedy outputs equal AR's row by row on the real target."""
+
+from __future__ import annotations
+
+import pytest
+
+from specjax.api import SpeculativeLM, method_settings
+from specjax.experiment.methods import Target
+
+QUESTIONS = ["Why is the sky blue?", "Write a haiku about rain.", "What is 12 times 7?"]
+
+
+@pytest.fixture(scope="module")
+def target(smollm2):
+  return Target(smollm2.params, smollm2.cfg, smollm2.tokenizer, "smollm2-135m-instruct")
+
+
+def test_methods_by_name_equal_ar_row_by_row(target):
+  ar = SpeculativeLM(target, "ar", max_new_tokens=24).generate(QUESTIONS)
+  assert [c.metrics.keys() for c in ar] == [{"target_passes"}] * 3
+  assert all(c.text and c.tokens for c in ar)
+  cases = [("prompt_lookup", False), ("eagle3-smollm2-135m", False), ("eagle3-smollm2-135m", True)]
+  for method, tree in cases:
+    lm = SpeculativeLM(target, method, k=3, tree=tree, max_new_tokens=24)
+    assert lm.method.loop == ("tree" if tree else "chain")
+    out = lm.generate(QUESTIONS)
+    assert [c.tokens for c in out] == [c.tokens for c in ar], (method, tree)
+    assert [c.text for c in out] == [c.text for c in ar]
+    assert all(c.metrics["target_passes"] >= 1 and c.metrics["tau"] >= 1 for c in out)
+    if method != "prompt_lookup":  # a trained head is accepted sometimes on every row
+      assert sum(c.metrics["accepted"] for c in out) > 0, method
+
+
+def test_a_multi_turn_chat_is_a_list_of_messages(target):
+  lm = SpeculativeLM(target, "ar", max_new_tokens=8)
+  chat = [
+    {"role": "user", "content": "Name a colour."},
+    {"role": "assistant", "content": "Blue."},
+    {"role": "user", "content": "Another one?"},
+  ]
+  (c,) = lm.generate([chat])
+  assert c.tokens and c.text == target.tokenizer.decode(c.tokens)
+
+
+def test_bad_requests_name_the_problem():
+  with pytest.raises(ValueError, match="unknown method 'nope'.*shipped drafter"):
+    method_settings("smollm2-135m-instruct", "nope")
+  with pytest.raises(ValueError, match="no tree form"):
+    method_settings("smollm2-135m-instruct", "prompt_lookup", tree=True)
+  with pytest.raises(ValueError, match="config field 'tree.nodes' does not exist"):
+    method_settings("smollm2-135m-instruct", "ar", config={"tree.nodes": 3})
+  s = method_settings("smollm2-135m-instruct", "medusa4-smollm2-135m", tree=True,
+                      config={"tree.n_nodes": 8})  # fmt: skip
+  assert (s.method, s.tree.kind, s.tree.n_nodes) == ("tree", "heads", 8)
