@@ -61,13 +61,13 @@ def make_drafter(kind, target, cfg, k, d2t, seed=0, scale=0.3):
     return DraftLMDrafter(dcfg, k), DraftLMParams(target.embed, lp, jnp.ones(D), head, d2t)
   if kind == "pard":
     lm = make_drafter("draft_lm", target, cfg, k, d2t, seed, scale)[1]
-    mask = scale * jax.random.normal(keys[4], (D,))
+    mask = scale * jax.random.normal(keys[4], (max(k - 1, 1), D))
     return PardDrafter(cfg.replace(n_layers=1), k), PardParams(lm, mask)
   if kind == "peagle":
     eagle = make_drafter("eagle3", target, cfg, k, d2t, seed, scale)[1]
-    mask = scale * jax.random.normal(keys[4], (2, D))
+    mask = scale * jax.random.normal(keys[4], (max(k - 1, 1), D))
     drafter = PEagleDrafter(cfg.replace(n_layers=1), k, hidden_layers=(0, 1))
-    return drafter, PEagleParams(eagle, mask[0], mask[1])
+    return drafter, PEagleParams(eagle, mask)
   if kind == "medusa":
     w = scale * jax.random.normal(keys[0], (max(k, 2), D, D))
     b = scale * jax.random.normal(keys[1], (max(k, 2), D))

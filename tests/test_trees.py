@@ -326,11 +326,11 @@ def noisy_target(models):
   return jax.tree.unflatten(treedef, noisy)
 
 
-def _pard(draft, dcfg, seed=7):
-  """A PARD block drafter's weights over a draft model (full vocabulary, random mask input)."""
+def _pard(draft, dcfg, k, seed=7):
+  """A PARD block drafter's weights over a draft model (full vocabulary, random mask inputs)."""
   head = draft.embed if draft.lm_head is None else draft.lm_head
   lm = DraftLMParams(draft.embed, draft.layers, draft.final_norm, head, jnp.arange(dcfg.vocab_size))
-  mask = 0.3 * jax.random.normal(jax.random.PRNGKey(seed), (dcfg.d_model,))
+  mask = 0.3 * jax.random.normal(jax.random.PRNGKey(seed), (k - 1, dcfg.d_model))
   return PardParams(lm, mask)
 
 
@@ -350,7 +350,7 @@ def test_greedy_trees_identical_to_ar(models, noisy_target, ar_reference):
     (
       "pard_block",
       BlockTreeDrafter(PardDrafter(dcfg, 4), tree, cfg.vocab_size),
-      _pard(draft, dcfg),
+      _pard(draft, dcfg, 4),
     ),
   ]
   for name, drafter, dparams in cases:
@@ -457,7 +457,7 @@ def test_loop_sampling_distribution(small_vocab):
     assert pvalue > 1e-4, type(drafter).__name__
   # A parallel drafter's block as a tree, children drawn without replacement per depth.
   block = BlockTreeDrafter(PardDrafter(dcfg, 2), tree, dcfg.vocab_size, sample_children=True)
-  pvalue, s = _loop_pvalue(small_vocab, block, dparams=_pard(small_vocab[2], dcfg))
+  pvalue, s = _loop_pvalue(small_vocab, block, dparams=_pard(small_vocab[2], dcfg, 2))
   assert s["accepted"] > 10_000 and s["tau"] < 2.9, s
   assert pvalue > 1e-4, "BlockTreeDrafter"
 

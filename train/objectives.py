@@ -29,7 +29,7 @@ from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
 from specjax.drafters.eagle import EagleDrafter, EagleParams, feature, head_logits, layer_inputs
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams, medusa_logits
 from specjax.drafters.pard import PardDrafter, PardParams
-from specjax.drafters.peagle import PEagleDrafter, PEagleParams, mask_input
+from specjax.drafters.peagle import PEagleDrafter, PEagleParams, mask_inputs
 from specjax.model import Params, init_params, rms_norm
 from train.data import Batch
 from train.losses import (
@@ -309,9 +309,11 @@ def warm_start(name: str, kind: str, target: Params, tcfg: ModelConfig, d2t):
   return shipped
 
 
-def mean_embedding(frozen: dict) -> jax.Array:
-  """[D] the mean embedding of the draft vocabulary: where a learned mask embedding starts."""
-  return jnp.mean(frozen["embed"][frozen["d2t"]].astype(jnp.float32), 0)
+def mask_embeddings(frozen: dict, k: int) -> jax.Array:
+  """[K - 1, D] per-depth mask embeddings, each starting at the mean embedding of the draft
+  vocabulary."""
+  mean = jnp.mean(frozen["embed"][frozen["d2t"]].astype(jnp.float32), 0)
+  return jnp.tile(mean[None], (k - 1, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,13 +352,13 @@ class PardObjective:
       trainable = {"layers": lm.layers, "final_norm": lm.final_norm}
       if self.train_head:
         trainable["lm_head"] = lm.lm_head
-    trainable["mask_embed"] = mean_embedding(frozen)
+    trainable["mask_embed"] = mask_embeddings(frozen, self.k)
     return trainable, frozen
 
   def logits(self, trainable: dict, frozen: dict, batch: Batch) -> jax.Array:
     """[B, K, T, Vd]: depth j + 1's draft logits at every anchor."""
     x0 = frozen["embed"][batch.tokens].astype(jnp.float32)
-    x = stack_streams(x0, trainable["mask_embed"], self.k)
+    x = stack_streams(x0, trainable["mask_embed"])
     mask = doc_causal_mask(batch.doc)
     for i in range(self.cfg.n_layers):
       x = stream_layer(layer_at(trainable["layers"], i), x, batch.pos, mask, self.cfg)
@@ -395,8 +397,8 @@ class PEagleObjective:
   """A parallel EAGLE head (`specjax.drafters.peagle`): all K depths of every anchor in one pass.
 
   Depth 1 is EAGLE's step 1 (the pair (x_{t+1}, g_t) at position t predicts x_{t+2}); depth j + 1
-  is the mask pair at position t + j, seeing the context up to t and the shallower masks, and
-  predicts x_{t+j+2} (`train.streams`). Distilled towards the target (KL, weight decay ** j).
+  is the mask pair (depth j + 1's embedding, g_t) at position t + j, seeing the context up to t and
+  the shallower masks, and predicts x_{t+j+2} (`train.streams`). Distilled towards the target (KL, weight decay ** j).
 
   Attributes:
     cfg: the head layer's config (n_layers = 1, vocab_size = the target's V).
@@ -434,20 +436,19 @@ class PEagleObjective:
           f"{tuple(self.fuse_layers)}; set objective.fuse_layers to match"
         )
       trainable = {k: getattr(shipped.params, k) for k in trainable}
-    D = tcfg.d_model
-    trainable["mask_embed"] = mean_embedding(frozen)
-    trainable["mask_feature"] = jnp.zeros((D,), jnp.float32)
+    trainable["mask_embed"] = mask_embeddings(frozen, self.k)
     return trainable, frozen
 
   def params(self, trainable, frozen) -> PEagleParams:
-    e = self._eagle().params(trainable, frozen)
-    return PEagleParams(e, trainable["mask_embed"], trainable["mask_feature"])
+    return PEagleParams(self._eagle().params(trainable, frozen), trainable["mask_embed"])
 
   def outputs(self, trainable, frozen, batch: Batch) -> jax.Array:
     """[B, K, T, D] head outputs: depth j + 1 of every anchor."""
     p = self.params(trainable, frozen)
     g = feature(p.eagle, batch.hidden, batch.layers)
-    x = stack_streams(layer_inputs(p.eagle, ahead(batch.tokens, 1), g), mask_input(p), self.k)
+    first = layer_inputs(p.eagle, ahead(batch.tokens, 1), g)  # [B, T, D]
+    masks = jnp.moveaxis(mask_inputs(p, g, self.k), 2, 1)  # [B, K - 1, T, D]: anchor t's feature
+    x = jnp.concatenate([first[:, None], masks], 1)
     return stream_layer(p.eagle.layer, x, batch.pos, doc_causal_mask(batch.doc), self.cfg)
 
   def loss(self, trainable, frozen, batch: Batch):

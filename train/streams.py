@@ -60,7 +60,9 @@ def stream_layer(
   return out.reshape(B, K, T, D)
 
 
-def stack_streams(first: jax.Array, mask: jax.Array, k: int) -> jax.Array:
-  """[B, K, T, D]: stream 0 = first [B, T, D], streams 1..K-1 = the mask input [D] everywhere."""
-  masks = jnp.broadcast_to(mask.astype(first.dtype), (first.shape[0], k - 1) + first.shape[1:])
-  return jnp.concatenate([first[:, None], masks], 1)
+def stack_streams(first: jax.Array, masks: jax.Array) -> jax.Array:
+  """[B, K, T, D]: stream 0 = first [B, T, D], stream j = the mask input masks[j - 1] ([K - 1, D])
+  at every anchor."""
+  B, T, D = first.shape
+  rest = jnp.broadcast_to(masks.astype(first.dtype)[None, :, None, :], (B, masks.shape[0], T, D))
+  return jnp.concatenate([first[:, None], rest], 1)

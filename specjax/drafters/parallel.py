@@ -5,6 +5,8 @@ of W slots of which n_valid per row are real) followed by K - 1 learned mask inp
 K draft distributions at the last real input and at the masks. The masks are placed right after
 each row's last real input, so positions stay contiguous and the ordinary causal mask is exactly
 the training mask (`train.streams`): mask j (depth j + 1) sees the real context and masks 1..j.
+Each depth has its own learned mask input, so a query knows its depth without inferring it from
+positions.
 
     slot:   0 .. n_valid - 1 | n_valid .. n_valid + K - 2 | rest
     input:  real inputs      | mask input (K - 1 times)   | junk nothing reads
@@ -20,23 +22,39 @@ import jax
 import jax.numpy as jnp
 
 
-def with_masks(window: jax.Array, n_valid: jax.Array, mask: jax.Array, k: int) -> jax.Array:
-  """[B, W + K - 1, D]: each row's first n_valid window inputs, then the mask input.
+def with_masks(window: jax.Array, n_valid: jax.Array, masks: jax.Array) -> jax.Array:
+  """[B, W + K - 1, D]: each row's first n_valid window inputs, then its K - 1 mask inputs.
 
   Args:
     window: [B, W, D] inputs; slots at or past n_valid[b] are junk.
     n_valid: [B] real inputs per row (<= W).
-    mask: [D] the learned mask input.
-    k: block size K.
+    masks: [B, K - 1, D] or [K - 1, D] the mask inputs of depths 2..K.
   """
   B, W, D = window.shape
-  T = W + k - 1
-  padded = jnp.concatenate([window, jnp.zeros((B, k - 1, D), window.dtype)], 1)
-  real = jnp.arange(T)[None, :] < n_valid[:, None]
-  return jnp.where(real[..., None], padded, mask.astype(window.dtype)[None, None])
+  masks = jnp.broadcast_to(masks.astype(window.dtype), (B,) + masks.shape[-2:])
+  n_masks = masks.shape[1]
+  slot = jnp.arange(W + n_masks)[None, :]
+  src = jnp.where(
+    slot < n_valid[:, None], slot, W + jnp.clip(slot - n_valid[:, None], 0, n_masks - 1)
+  )
+  both = jnp.concatenate([window, masks], 1)
+  return jnp.take_along_axis(both, src[..., None], 1)
 
 
 def block_outputs(out: jax.Array, n_valid: jax.Array, k: int) -> jax.Array:
   """[B, K, ...]: the outputs at slots n_valid - 1 .. n_valid + K - 2 of out [B, T, ...]."""
   idx = jnp.maximum(n_valid, 1)[:, None] - 1 + jnp.arange(k)[None, :]
   return jnp.take_along_axis(out, idx.reshape(idx.shape + (1,) * (out.ndim - 2)), 1)
+
+
+def mask_rows(mask_params: jax.Array, k: int) -> jax.Array:
+  """The first K - 1 rows of a parallel drafter's per-depth mask parameters [K_max - 1, ...].
+
+  Raises:
+    ValueError: for a block larger than the drafter was trained for.
+  """
+  if k - 1 > mask_params.shape[0]:
+    raise ValueError(
+      f"block size {k} exceeds the {mask_params.shape[0] + 1} depths this drafter was trained for"
+    )
+  return mask_params[: k - 1]

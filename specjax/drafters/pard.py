@@ -2,7 +2,7 @@
 PARallel Draft Model Adaptation"): a small draft LM that proposes K tokens in one forward pass.
 
 The draft is `specjax.drafters.draft_lm`'s (a few Llama layers on the target's embedding, a reduced
-draft vocabulary) plus one learned mask embedding. Each propose feeds the tokens the draft has not
+draft vocabulary) plus a learned mask embedding per depth. Each propose feeds the tokens the draft has not
 seen (at most K + 1: everything the last step committed) followed by K - 1 mask inputs
 (`specjax.drafters.parallel`); draft token 1 is read at the last real token, token j + 1 at mask j.
 The draft never feeds its own guesses, so its cache only ever holds committed tokens: after a
@@ -22,7 +22,7 @@ from specjax.drafters.base import LazyDrafterDefaults, Proposal, StepResult
 from specjax.drafters.draft_lm import DraftLMParams, params_from_tensors
 from specjax.drafters.draft_model import catch_up_cache
 from specjax.drafters.draft_vocab import draw, scatter_logq
-from specjax.drafters.parallel import with_masks
+from specjax.drafters.parallel import mask_rows, with_masks
 from specjax.drafters.registry import DrafterKind, register
 from specjax.kv_cache import KVCache, init_cache, read_rows
 from specjax.model import forward
@@ -32,7 +32,8 @@ from specjax.sampling import SamplingConfig
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class PardParams:
-  """lm: the draft LM's weights; mask_embed: [D] the input at every mask slot."""
+  """lm: the draft LM's weights; mask_embed: [K_max - 1, D] the input of the mask of each depth
+  2..K_max (a block of K <= K_max uses the first K - 1)."""
 
   lm: DraftLMParams
   mask_embed: jax.Array
@@ -60,7 +61,7 @@ class PardDrafter(LazyDrafterDefaults):
     c = cache.lengths
     n_valid = seq_len - c  # 1 .. K + 1 unseen tokens (0 for a finished row)
     window = params.lm.embed[read_rows(seq, c, self.k + 1)]
-    x = with_masks(window, n_valid, params.mask_embed, self.k)
+    x = with_masks(window, n_valid, mask_rows(params.mask_embed, self.k))
     tokens = jnp.zeros(x.shape[:2], jnp.int32)  # shape only: `embeds` are the inputs
     at = jnp.maximum(n_valid, 1)[:, None] - 1 + jnp.arange(self.k)[None, :]
     out = forward(model, tokens, cache, self.cfg, logit_positions=at, embeds=x)
