@@ -5,7 +5,7 @@ from setuptools import find_packages, setup
 # The JAX stack was verified at these versions (CPU, Python 3.11).
 INSTALL_REQUIRES = [
   "jax[cpu]==0.10.2",
-  "flax==0.12.8",
+  "flax==0.12.8",  # specjax.nnx_target: Flax NNX modules as targets
   "optax==0.2.8",
   "orbax-checkpoint==0.12.8",
   "numpy>=2.0",
@@ -15,7 +15,6 @@ INSTALL_REQUIRES = [
   "safetensors==0.8.0",
   "gguf==0.19.0",
   "jinja2>=3.1",
-  "tqdm>=4.66",
 ]
 
 PLOTS = ["matplotlib==3.11.2", "tensorboardX==2.6.5"]  # experiment plots and TensorBoard scalars

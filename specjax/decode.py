@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 
 from specjax.drafters.base import Prefill, StepResult
-from specjax.kv_cache import KVCache, init_cache, write_rows
-from specjax.model import forward
+from specjax.kv_cache import KVCache, write_rows
+from specjax.target import as_target
 
 
 def prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers=()) -> Prefill:
@@ -36,14 +36,10 @@ def prefill(params, cfg, prompts, prompt_lens, capacity, hidden_layers=()) -> Pr
 
   The returned cache holds every prompt token (lengths = prompt_lens); padding slots are stale.
   """
-  cache = init_cache(cfg, prompts.shape[0], capacity)
-  out = forward(
-    params,
-    prompts,
-    cache,
-    cfg,
-    hidden_layers=hidden_layers,
-    logit_positions=(prompt_lens - 1)[:, None],
+  target = as_target(cfg)
+  cache = target.init_cache(prompts.shape[0], capacity)
+  out = target.forward(
+    params, prompts, cache, hidden_layers=hidden_layers, logit_positions=(prompt_lens - 1)[:, None]
   )
   return Prefill(
     out.logits[:, 0], out.hidden, out.layer_hidden, out.cache.with_lengths(prompt_lens)
@@ -216,7 +212,7 @@ def target_step(
     (seq, seq_len, done, m, out): as `commit_tokens`, and the target's forward output (whose cache
     has not yet had its lengths advanced).
   """
-  out = forward(params, last_tokens(s), s.cache, cfg, hidden_layers=hidden_layers)
+  out = as_target(cfg).forward(params, last_tokens(s), s.cache, hidden_layers=hidden_layers)
   nxt = sampling.sample(key, out.logits[:, 0])  # [B]
   zeros = jnp.zeros_like(s.seq_len)
   seq, seq_len, done, m = commit_tokens(s, nxt[:, None], zeros, prompt_lens, budgets, stop_tokens)

@@ -30,6 +30,7 @@ from specjax.decode import (  # noqa: F401 - the shared steps, re-exported where
 )
 from specjax.model import Params
 from specjax.sampling import SamplingConfig
+from specjax.target import TargetModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +84,7 @@ def pad_prompts(prompts: list[list[int]], bucket: int = 64, pad_id: int = 0):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "gen"))
-def _generate(params, prompts, prompt_lens, budgets, key, cfg: ModelConfig, gen: GenerateConfig):
+def _generate(params, prompts, prompt_lens, budgets, key, cfg, gen: GenerateConfig):
   B, Tp = prompts.shape
   capacity = gen.capacity or Tp + gen.max_new_tokens
   # One spare sequence slot: a finished row's junk write at seq_len may reach `capacity`.
@@ -108,7 +109,7 @@ def _generate(params, prompts, prompt_lens, budgets, key, cfg: ModelConfig, gen:
 
 def generate(
   params: Params,
-  cfg: ModelConfig,
+  cfg: ModelConfig | TargetModel,
   prompts: jax.Array,
   prompt_lens: jax.Array,
   gen: GenerateConfig,
@@ -119,7 +120,8 @@ def generate(
 
   Args:
     params: target weights.
-    cfg: target config.
+    cfg: the target model (static): a ModelConfig for specjax's Llama forward, or any
+      `specjax.target.TargetModel` (e.g. `specjax.nnx_target.NNXTarget`).
     prompts: [B, Tp] right-padded prompt tokens (see `pad_prompts`).
     prompt_lens: [B] true prompt lengths.
     gen: static generation settings.

@@ -42,8 +42,9 @@ from specjax.decode import (
   spec_step,
 )
 from specjax.kv_cache import KVCache
-from specjax.model import Params, forward
+from specjax.model import Params
 from specjax.sampling import SamplingConfig
+from specjax.target import TargetModel, as_target
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,7 +191,7 @@ class SMCVerifier:
     if prop.logq is None:
       raise TypeError(f"SMC-SD needs draft distributions q; {self.drafter_name} yields none")
     tokens = jnp.concatenate([last_tokens(s), prop.tokens], 1)
-    out = forward(params, tokens, s.cache, cfg, hidden_layers=hidden_layers)
+    out = as_target(cfg).forward(params, tokens, s.cache, hidden_layers=hidden_layers)
     logp = jax.nn.log_softmax(out.logits / smc.target_temperature, -1)  # [R*N, K + 1, V]
     take = lambda lp: jnp.take_along_axis(lp, prop.tokens[..., None], -1)[..., 0]  # noqa: E731
     power = smc.alpha * logp[:, K]
@@ -374,7 +375,7 @@ def _smc(params, draft_params, prompts, prompt_lens, key, cfg, drafter, smc: SMC
 
 def smc_generate(
   params: Params,
-  cfg: ModelConfig,
+  cfg: ModelConfig | TargetModel,
   drafter,
   draft_params,
   prompts: jax.Array,
@@ -386,7 +387,8 @@ def smc_generate(
 
   Args:
     params: target weights.
-    cfg: target config (static).
+    cfg: the target model (static): a ModelConfig for specjax's Llama forward, or any
+      `specjax.target.TargetModel` (e.g. `specjax.nnx_target.NNXTarget`).
     drafter: a drafter that yields q (e.g. `DraftModelDrafter`); its `k` is gamma.
     draft_params: the drafter's parameters.
     prompts: [R, Tp] right-padded prompts.

@@ -40,8 +40,9 @@ from specjax.decode import (
 )
 from specjax.generate import GenerateConfig
 from specjax.metrics import SpecMetrics
-from specjax.model import Params, forward
+from specjax.model import Params
 from specjax.sampling import SamplingConfig
+from specjax.target import TargetModel, as_target
 
 
 @jax.tree_util.register_dataclass
@@ -83,7 +84,7 @@ class ChainVerifier:
   def verify(self, key, s: DecodeState, prop, *, params, cfg, hidden_layers) -> Verified:
     B = s.seq.shape[0]
     verify_tokens = jnp.concatenate([last_tokens(s), prop.tokens], 1)  # [B, K + 1]
-    out = forward(params, verify_tokens, s.cache, cfg, hidden_layers=hidden_layers)
+    out = as_target(cfg).forward(params, verify_tokens, s.cache, hidden_layers=hidden_layers)
     logp = self.sampling.logprobs(out.logits)  # [B, K + 1, V]
     in_q = None if prop.logq is None else 0
     n_acc, nxt = jax.vmap(self.rule, in_axes=(0, 0, in_q, 0, 0))(
@@ -159,7 +160,7 @@ def _speculative(
 
 def speculative_generate(
   params: Params,
-  cfg: ModelConfig,
+  cfg: ModelConfig | TargetModel,
   drafter,
   draft_params,
   prompts: jax.Array,
@@ -175,7 +176,8 @@ def speculative_generate(
 
   Args:
     params: target weights.
-    cfg: target config (static).
+    cfg: the target model (static): a ModelConfig for specjax's Llama forward, or any
+      `specjax.target.TargetModel` (e.g. `specjax.nnx_target.NNXTarget`).
     drafter: a static drafter object (see `specjax.drafters`).
     draft_params: the drafter's parameters pytree (() for prompt lookup).
     prompts: [B, Tp] right-padded prompts (`specjax.generate.pad_prompts`).

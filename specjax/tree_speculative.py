@@ -47,9 +47,10 @@ from specjax.drafters.base import (  # noqa: F401 - re-exported: the tree protoc
 from specjax.generate import GenerateConfig
 from specjax.kv_cache import compact_path
 from specjax.metrics import SpecMetrics
-from specjax.model import Params, forward
+from specjax.model import Params
 from specjax.sampling import SamplingConfig
 from specjax.speculative import SpecOutput, step_keywords
+from specjax.target import TargetModel, as_target
 from specjax.tree_acceptance import (
   DRAWS,
   TreeGreedyRule,
@@ -79,9 +80,9 @@ class TreeVerifier:
     B, D = s.seq.shape[0], self.max_depth
     tree = prop.tree
     base = s.seq_len - 1  # == s.cache.lengths
-    out = forward(
-      params, tree.tokens, s.cache, cfg, positions=base[:, None] + tree.depth,
-      new_mask=tree.mask, hidden_layers=hidden_layers,
+    out = as_target(cfg).forward(
+      params, tree.tokens, s.cache, positions=base[:, None] + tree.depth, new_mask=tree.mask,
+      hidden_layers=hidden_layers,
     )  # fmt: skip
     logp = self.sampling.logprobs(out.logits)  # [B, N, V]
     rule_fn = functools.partial(self.rule, max_depth=D)
@@ -178,7 +179,7 @@ def check_rule(rule, drafter, sampling: SamplingConfig) -> None:
 
 def tree_speculative_generate(
   params: Params,
-  cfg: ModelConfig,
+  cfg: ModelConfig | TargetModel,
   drafter,
   draft_params,
   prompts: jax.Array,
@@ -194,7 +195,8 @@ def tree_speculative_generate(
 
   Args:
     params: target weights.
-    cfg: target config (static).
+    cfg: the target model (static): a ModelConfig for specjax's Llama forward, or any
+      `specjax.target.TargetModel` (e.g. `specjax.nnx_target.NNXTarget`).
     drafter: a static tree drafter (`specjax.drafters.tree_draft_model`, `HeadTreeDrafter`, ...).
     draft_params: the drafter's parameters.
     prompts: [B, Tp] right-padded prompts (`specjax.generate.pad_prompts`).
