@@ -234,3 +234,25 @@ class TreeDrafterDefaults(DrafterDefaults):
 
   def observe(self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling):
     raise ValueError(f"{type(self).__name__} cannot take an AR step (no catch_up or observe)")
+
+
+class StaticTreeShape:
+  """n_nodes, max_depth and draws of a tree drafter with a static topology `self.tree`
+  (`specjax.trees.StaticTree`) whose children are drawn without replacement when
+  `self.sample_children` is set while sampling, and the check that such draws are possible."""
+
+  def __post_init__(self):
+    if self.sample_children and not self.tree.ranks_are_contiguous():
+      raise ValueError("sampled children need each node's children to have ranks 0 .. c - 1")
+
+  @property
+  def n_nodes(self) -> int:
+    return self.tree.n_nodes
+
+  @property
+  def max_depth(self) -> int:
+    return self.tree.max_depth
+
+  @property
+  def draws(self) -> str:
+    return "without_replacement" if self.sample_children else "deterministic"

@@ -21,6 +21,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.drafters.base import Proposal
+from specjax.drafters.draft_vocab import draw, scatter_logq
+
 
 def with_masks(window: jax.Array, n_valid: jax.Array, masks: jax.Array) -> jax.Array:
   """[B, W + K - 1, D]: each row's first n_valid window inputs, then its K - 1 mask inputs.
@@ -58,3 +61,15 @@ def mask_rows(mask_params: jax.Array, k: int) -> jax.Array:
       f"block size {k} exceeds the {mask_params.shape[0] + 1} depths this drafter was trained for"
     )
   return mask_params[: k - 1]
+
+
+class BlockProposals:
+  """A parallel drafter's chain `propose`: the K tokens of one `block_logits` pass, drawn from
+  the processed draft distributions (the drafter defines `cfg`, `k` and `block_logits(params,
+  state, seq, seq_len) -> (logits [B, K, Vd], d2t, state)`)."""
+
+  def propose(self, params, state, seq, seq_len, key, sampling) -> Proposal:
+    logits, d2t, state = self.block_logits(params, state, seq, seq_len)
+    tokens, logq_d = draw(key, logits, d2t, sampling)
+    logq = None if sampling.greedy else scatter_logq(logq_d, d2t, self.cfg.vocab_size)
+    return Proposal(tokens, logq, jnp.full((seq.shape[0],), self.k, jnp.int32), state)

@@ -18,15 +18,14 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import LazyDrafterDefaults, Proposal, StepResult
-from specjax.drafters.draft_lm import DraftLMParams, params_from_tensors
+from specjax.drafters.base import LazyDrafterDefaults, StepResult
+from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams, params_from_tensors
 from specjax.drafters.draft_model import catch_up_cache
-from specjax.drafters.draft_vocab import draw, scatter_logq
-from specjax.drafters.parallel import mask_rows, with_masks
+from specjax.drafters.parallel import BlockProposals, mask_rows, with_masks
 from specjax.drafters.registry import DrafterKind, register
-from specjax.kv_cache import KVCache, init_cache, read_rows
+from specjax.drafters.tree_heads import block_tree
+from specjax.kv_cache import KVCache, read_rows
 from specjax.model import forward
-from specjax.sampling import SamplingConfig
 
 
 @jax.tree_util.register_dataclass
@@ -40,7 +39,7 @@ class PardParams:
 
 
 @dataclasses.dataclass(frozen=True)
-class PardDrafter(LazyDrafterDefaults):
+class PardDrafter(BlockProposals, LazyDrafterDefaults):
   """Block drafting with a PARD draft LM: K tokens per propose, one draft forward pass.
 
   Attributes:
@@ -68,19 +67,8 @@ class PardDrafter(LazyDrafterDefaults):
     return out.logits, params.lm.d2t, out.cache.with_lengths(seq_len)
 
   def init(self, params: PardParams, prefill, prompts, prompt_lens, capacity: int) -> KVCache:
-    del prefill
-    cache = init_cache(self.cfg, prompts.shape[0], capacity)
-    first = jnp.zeros((prompts.shape[0], 1), jnp.int32)
-    out = forward(params.lm.as_model(), prompts, cache, self.cfg, logit_positions=first)
-    return out.cache.with_lengths(prompt_lens)
-
-  def propose(
-    self, params: PardParams, cache: KVCache, seq, seq_len, key, sampling: SamplingConfig
-  ) -> Proposal:
-    logits, d2t, cache = self.block_logits(params, cache, seq, seq_len)
-    tokens, logq_d = draw(key, logits, d2t, sampling)
-    logq = None if sampling.greedy else scatter_logq(logq_d, d2t, self.cfg.vocab_size)
-    return Proposal(tokens, logq, jnp.full((seq.shape[0],), self.k, jnp.int32), cache)
+    """The draft LM's cache holding the prompts (`DraftLMDrafter.init`)."""
+    return DraftLMDrafter(self.cfg, self.k).init(params.lm, prefill, prompts, prompt_lens, capacity)
 
   def catch_up(self, params: PardParams, cache: KVCache, seq, seq_len, width: int) -> KVCache:
     """After the adaptive loop's AR steps: fed until at most two tokens are unseen."""
@@ -91,15 +79,6 @@ class PardDrafter(LazyDrafterDefaults):
     return cache.with_lengths(step.prev_seq_len)  # drafts were never fed
 
 
-def _tree(shipped, t, vocab_size: int):
-  """A static tree over the block's per-depth top-k (`specjax.drafters.tree_heads`)."""
-  from specjax.drafters.tree_heads import BlockTreeDrafter
-  from specjax.trees import default_static_tree
-
-  block = PardDrafter(shipped.head_cfg, t.depth)
-  return BlockTreeDrafter(block, default_static_tree(t.n_nodes, t.depth), vocab_size)
-
-
 register(
   DrafterKind(
     "pard",
@@ -107,7 +86,9 @@ register(
       params_from_tensors(t, d2t, out_matrix, target_params), t["mask_embed"]
     ),
     chain=lambda shipped, k: PardDrafter(shipped.head_cfg, k),
-    tree=_tree,
+    tree=lambda shipped, t, vocab_size: block_tree(
+      PardDrafter(shipped.head_cfg, t.depth), t, vocab_size
+    ),
     objective="train.pipeline:pard_objective",
   )
 )

@@ -32,8 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
-from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.drafters.base import DrafterDefaults, StepResult
 from specjax.drafters.eagle import (
   EagleDrafter,
   EagleParams,
@@ -44,11 +43,11 @@ from specjax.drafters.eagle import (
   layer_inputs,
   params_from_tensors,
 )
-from specjax.drafters.parallel import block_outputs, mask_rows, with_masks
+from specjax.drafters.parallel import BlockProposals, block_outputs, mask_rows, with_masks
 from specjax.drafters.registry import DrafterKind, register
+from specjax.drafters.tree_heads import block_tree
 from specjax.kernels import linear
 from specjax.kv_cache import read_rows
-from specjax.sampling import SamplingConfig
 
 
 @jax.tree_util.register_dataclass
@@ -71,7 +70,7 @@ def mask_inputs(params: PEagleParams, g: jax.Array, k: int) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class PEagleDrafter(DrafterDefaults):
+class PEagleDrafter(BlockProposals, DrafterDefaults):
   """Block drafting with a parallel EAGLE head: K tokens per propose, one head pass.
 
   Attributes:
@@ -108,14 +107,6 @@ class PEagleDrafter(DrafterDefaults):
   def init(self, params: PEagleParams, prefill, prompts, prompt_lens, capacity: int):
     return self.eagle.init(params.eagle, prefill, prompts, prompt_lens, capacity)
 
-  def propose(
-    self, params: PEagleParams, state: EagleState, seq, seq_len, key, sampling: SamplingConfig
-  ) -> Proposal:
-    logits, d2t, state = self.block_logits(params, state, seq, seq_len)
-    tokens, logq_d = draw(key, logits, d2t, sampling)
-    logq = None if sampling.greedy else scatter_logq(logq_d, d2t, self.cfg.vocab_size)
-    return Proposal(tokens, logq, jnp.full((seq.shape[0],), self.k, jnp.int32), state)
-
   def observe(self, params: PEagleParams, state, seq, seq_len, new_seq, new_seq_len,
               step: StepResult, key, sampling) -> EagleState:  # fmt: skip
     return self.eagle.observe(
@@ -126,15 +117,6 @@ class PEagleDrafter(DrafterDefaults):
     return self.eagle.commit(params.eagle, state, seq, seq_len, step)
 
 
-def _tree(shipped, t, vocab_size: int):
-  """A static tree over the block's per-depth top-k (`specjax.drafters.tree_heads`)."""
-  from specjax.drafters.tree_heads import BlockTreeDrafter
-  from specjax.trees import default_static_tree
-
-  block = PEagleDrafter(shipped.head_cfg, t.depth, fused_layers(shipped))
-  return BlockTreeDrafter(block, default_static_tree(t.n_nodes, t.depth), vocab_size)
-
-
 register(
   DrafterKind(
     "peagle",
@@ -142,7 +124,9 @@ register(
       params_from_tensors(t, d2t, out_matrix, target_params), t["mask_embed"]
     ),
     chain=lambda shipped, k: PEagleDrafter(shipped.head_cfg, k, fused_layers(shipped)),
-    tree=_tree,
+    tree=lambda shipped, t, vocab_size: block_tree(
+      PEagleDrafter(shipped.head_cfg, t.depth, fused_layers(shipped)), t, vocab_size
+    ),
     objective="train.pipeline:peagle_objective",
   )
 )

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.drafters.base import LazyDrafterDefaults, TreeProposal, TreeStepResult
+from specjax.drafters.base import LazyDrafterDefaults, StaticTreeShape, TreeProposal, TreeStepResult
 from specjax.drafters.draft_model import catch_up_cache
 from specjax.kv_cache import KVCache, compact_path, init_cache, read_rows
 from specjax.model import forward
@@ -96,7 +96,7 @@ def _gumbel_top(key, logq: jax.Array, n: int) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class StaticTreeDrafter(LazyDrafterDefaults):
+class StaticTreeDrafter(StaticTreeShape, LazyDrafterDefaults):
   """A draft model drafting a fixed tree topology.
 
   Attributes:
@@ -109,22 +109,6 @@ class StaticTreeDrafter(LazyDrafterDefaults):
   tree: StaticTree
   sample_children: bool = True
   hidden_layers: tuple[int, ...] = ()
-
-  def __post_init__(self):
-    if self.sample_children and not self.tree.ranks_are_contiguous():
-      raise ValueError("sampled children need each node's children to have ranks 0 .. c - 1")
-
-  @property
-  def n_nodes(self) -> int:
-    return self.tree.n_nodes
-
-  @property
-  def max_depth(self) -> int:
-    return self.tree.max_depth
-
-  @property
-  def draws(self) -> str:
-    return "without_replacement" if self.sample_children else "deterministic"
 
   def capacity_slack(self) -> int:
     return 1

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.drafters.base import TreeDrafterDefaults, TreeProposal, TreeStepResult
+from specjax.drafters.base import StaticTreeShape, TreeDrafterDefaults, TreeProposal, TreeStepResult
 from specjax.loading.heads import MedusaHeadParams  # noqa: F401 - also exported here
 from specjax.sampling import SamplingConfig
 from specjax.trees import StaticTree, static_token_tree
@@ -105,7 +105,7 @@ class HeadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadTreeDrafter(TreeDrafterDefaults):
+class HeadTreeDrafter(StaticTreeShape, TreeDrafterDefaults):
   """Static-tree drafting from a per-position candidate source (Medusa-style).
 
   Attributes:
@@ -120,22 +120,6 @@ class HeadTreeDrafter(TreeDrafterDefaults):
   vocab_size: int
   sample_children: bool = False
   hidden_layers: tuple[int, ...] = ()
-
-  def __post_init__(self):
-    if self.sample_children and not self.tree.ranks_are_contiguous():
-      raise ValueError("sampled children need each node's children to have ranks 0 .. c - 1")
-
-  @property
-  def n_nodes(self) -> int:
-    return self.tree.n_nodes
-
-  @property
-  def max_depth(self) -> int:
-    return self.tree.max_depth
-
-  @property
-  def draws(self) -> str:
-    return "without_replacement" if self.sample_children else "deterministic"
 
   def capacity_slack(self) -> int:
     return 0
@@ -166,7 +150,7 @@ class HeadTreeDrafter(TreeDrafterDefaults):
 
 
 @dataclasses.dataclass(frozen=True)
-class BlockTreeDrafter(TreeDrafterDefaults):
+class BlockTreeDrafter(StaticTreeShape, TreeDrafterDefaults):
   """Static-tree drafting from a parallel drafter's block (`specjax.drafters.pard`, `peagle`):
   one drafter pass scores every depth, the tree is filled as `HeadTreeDrafter` fills it, and the
   drafter's own state follows the accepted path (its commit reads `StepResult` along the path).
@@ -187,24 +171,11 @@ class BlockTreeDrafter(TreeDrafterDefaults):
   def __post_init__(self):
     if self.block.k != self.tree.max_depth:
       raise ValueError(f"block size {self.block.k} != tree depth {self.tree.max_depth}")
-    if self.sample_children and not self.tree.ranks_are_contiguous():
-      raise ValueError("sampled children need each node's children to have ranks 0 .. c - 1")
+    super().__post_init__()
 
   @property
   def hidden_layers(self) -> tuple[int, ...]:
     return self.block.hidden_layers
-
-  @property
-  def n_nodes(self) -> int:
-    return self.tree.n_nodes
-
-  @property
-  def max_depth(self) -> int:
-    return self.tree.max_depth
-
-  @property
-  def draws(self) -> str:
-    return "without_replacement" if self.sample_children else "deterministic"
 
   def capacity_slack(self) -> int:
     return self.block.capacity_slack()
@@ -229,3 +200,11 @@ class BlockTreeDrafter(TreeDrafterDefaults):
 
   def commit(self, params, state, seq, seq_len, step: TreeStepResult):
     return self.block.commit(params, state, seq, seq_len, step)
+
+
+def block_tree(block, t, vocab_size: int) -> BlockTreeDrafter:
+  """A parallel drafter's tree form: `trees.default_static_tree(t.n_nodes, t.depth)` over its
+  block (`block.k` must be t.depth); t carries n_nodes and depth (`TreeSettings`)."""
+  from specjax.trees import default_static_tree
+
+  return BlockTreeDrafter(block, default_static_tree(t.n_nodes, t.depth), vocab_size)
