@@ -9,7 +9,7 @@ Each depth has its own learned mask input, so a query knows its depth without in
 positions.
 
     slot:   0 .. n_valid - 1 | n_valid .. n_valid + K - 2 | rest
-    input:  real inputs      | mask input (K - 1 times)   | junk nothing reads
+    input:  real inputs      | masks of depths 2 .. K     | junk nothing reads
     output: draft 1 at n_valid - 1, draft j + 1 at mask j
 
 The pass covers W + K - 1 slots from the drafter's cache length, so a parallel drafter asks the
