@@ -38,6 +38,7 @@ from specjax.decode import (
   finish,
   last_tokens,
   prefill,
+  row_budgets,
   run,
   spec_step,
 )
@@ -315,7 +316,7 @@ def _cycle(s: DecodeState, *, smc: SMCConfig, draft_axes, drafter, **kw) -> Deco
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "smc"))
-def _smc(params, draft_params, prompts, prompt_lens, key, cfg, drafter, smc: SMCConfig):
+def _smc(params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, smc: SMCConfig):
   R, Tp = prompts.shape
   N, K = smc.n_particles, drafter.k
   capacity = smc.capacity or Tp + smc.max_new_tokens + K + 1 + drafter.capacity_slack()
@@ -329,13 +330,14 @@ def _smc(params, draft_params, prompts, prompt_lens, key, cfg, drafter, smc: SMC
 
   draft_axes = batch_axes(draft_state_of)
   # Fork: particle rows r * N + j share request r's prefill (a repeat, local to each data shard).
-  prompts, lens, cache, draft_state = fork_rows(
-    (prompts, prompt_lens, pre.cache, draft_state), (0, 0, KVCache(1, 1, 0), draft_axes), N
+  prompts, lens, budgets, cache, draft_state = fork_rows(
+    (prompts, prompt_lens, budgets, pre.cache, draft_state),
+    (0, 0, 0, KVCache(1, 1, 0), draft_axes),
+    N,
   )
   key, k_first, k_loop = jax.random.split(key, 3)
   power = smc.alpha * jax.nn.log_softmax(pre.logits / smc.target_temperature, -1)  # [R, V]
   first = jax.random.categorical(k_first, jnp.repeat(power, N, 0), -1).astype(jnp.int32)  # [R*N]
-  budgets = jnp.full_like(lens, smc.max_new_tokens)
   n_cycles = -(-(smc.max_new_tokens - 1) // (K + 1)) + 1
   stats = SMCStats(
     logw=jnp.zeros((R, N)),
@@ -382,6 +384,7 @@ def smc_generate(
   prompt_lens: jax.Array,
   smc: SMCConfig,
   key: jax.Array,
+  max_new_per_row: jax.Array | None = None,
 ) -> SMCOutput:
   """SMC speculative decoding of R requests with N particles each, in one compiled loop.
 
@@ -395,6 +398,8 @@ def smc_generate(
     prompt_lens: [R] prompt lengths.
     smc: static SMC settings.
     key: PRNG key.
+    max_new_per_row: optional [R] token budgets per request (at most smc.max_new_tokens; traced,
+      so other budgets reuse the compiled loop).
 
   Returns:
     An `SMCOutput`.
@@ -402,4 +407,5 @@ def smc_generate(
   slack = drafter.k + 1 + drafter.capacity_slack()
   check_capacity(prompts.shape[1], smc.max_new_tokens, slack, smc.capacity)
   prompt_lens = jnp.asarray(prompt_lens, jnp.int32)
-  return _smc(params, draft_params, prompts, prompt_lens, key, cfg, drafter, smc)
+  budgets = row_budgets(prompts.shape[0], smc.max_new_tokens, max_new_per_row)
+  return _smc(params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, smc)

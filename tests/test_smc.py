@@ -196,6 +196,21 @@ def test_stops_mask_weights_and_end_particles(toy):
   assert np.isfinite(np.asarray(out.log_z)).all()
 
 
+def test_per_row_budgets_end_each_request(toy):
+  target, cfg, draft, dcfg = toy
+  P, L = pad_prompts([PROMPT] * 3, bucket=len(PROMPT))
+  smc = SMCConfig(n_particles=4, max_new_tokens=9, draft_temperature=1.0)
+  out = smc_generate(
+    target, cfg, DraftModelDrafter(dcfg, k=2), draft, P, L, smc, jax.random.PRNGKey(0),
+    max_new_per_row=jnp.asarray([2, 9, 5]),
+  )  # fmt: skip
+  np.testing.assert_array_equal(np.asarray(out.lengths), [2, 9, 5])
+  np.testing.assert_array_equal(np.asarray(out.particle_lengths), np.repeat([[2], [9], [5]], 4, 1))
+  # a request's passes end with its budget: one cycle commits up to k + 1 = 3 tokens
+  passes = np.asarray(out.target_passes)
+  assert passes[0] < passes[2] < passes[1], passes
+
+
 def test_drafter_without_q_is_an_error(toy):
   target, cfg, _, _ = toy
   P, L = pad_prompts([PROMPT], bucket=4)

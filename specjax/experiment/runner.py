@@ -66,14 +66,14 @@ def run_method(target: Target, method: Method | None, gen: GenerateConfig, promp
            budget=None):  # fmt: skip
   """Generates from padded prompts [B, Tp] with `method` (None = AR) in the decode loop its
   `loop` names: `generate`, `speculative_generate`, `tree_speculative_generate` or
-  `smc_generate`. budget: optional [B] per-row token budgets (not for SMC-SD)."""
+  `smc_generate`. budget: optional [B] per-row token budgets."""
   t = target
   if method is None:
     return generate(t.params, t.cfg, prompts, lens, gen, key, budget)
   if method.loop == "smc":
     return smc_generate(
       t.params, t.cfg, method.drafter, method.draft_params, prompts, lens,
-      smc_config(method.smc, gen), key,
+      smc_config(method.smc, gen), key, budget,
     )  # fmt: skip
   fn = tree_speculative_generate if method.loop == "tree" else speculative_generate
   adaptive = {}
@@ -160,7 +160,7 @@ class Runner:
     name = "ar" if method is None else method.name
     if (name, width) not in self._compiled:
       t0 = time.perf_counter()
-      budget = np.ones((1,), np.int32)  # SMC-SD has no traced budget: it compiles on a full run
+      budget = np.ones((1,), np.int32)
       jax.block_until_ready(self._call(method, prompts, lens, key, budget))
       self.log(f"  compiled {name} for prompt width {width} in {time.perf_counter() - t0:.1f} s")
       self._compiled.add((name, width))
