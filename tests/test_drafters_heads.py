@@ -66,8 +66,9 @@ def make_drafter(kind, target, cfg, k, d2t, seed=0, scale=0.3):
   if kind == "peagle":
     eagle = make_drafter("eagle3", target, cfg, k, d2t, seed, scale)[1]
     mask = scale * jax.random.normal(keys[4], (max(k - 1, 1), D))
+    mask_layer = _layer(keys[5], cfg.replace(n_layers=1), scale)
     drafter = PEagleDrafter(cfg.replace(n_layers=1), k, hidden_layers=(0, 1))
-    return drafter, PEagleParams(eagle, mask)
+    return drafter, PEagleParams(eagle, mask_layer, mask)
   if kind == "medusa":
     w = scale * jax.random.normal(keys[0], (max(k, 2), D, D))
     b = scale * jax.random.normal(keys[1], (max(k, 2), D))

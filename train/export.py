@@ -59,6 +59,11 @@ def export_drafter(
   os.chmod(path + ".part", 0o644)
   os.replace(path + ".part", path)
   head_cfg = getattr(objective, "cfg", None)
+  base = getattr(objective, "base", "")  # a drafter that extends a shipped one ships its part only
+  if base:
+    from specjax.drafters.shipped import read_metadata
+
+    extra = {**extra, "base": {"name": base, "sha256": read_metadata(base, directory)["sha256"]}}
   meta = {
     "name": name,
     "kind": objective.name,

@@ -1,6 +1,8 @@
 """What each drafter kind trains and how: parameters, losses, held-out agreement, the drafter.
 
-An objective is a frozen (hashable, static) object. Its parameters come in two pytrees: `trainable`
+An objective is a frozen (hashable, static) object; `init(key, target, tcfg, d2t, shipped_dir)`
+makes its parameters (shipped_dir: where a shipped drafter it starts from or extends is read,
+"" for the package's). Its parameters come in two pytrees: `trainable`
 (differentiated, in the optimizer state) and `frozen` (the target's embedding and LM-head rows,
 the draft vocabulary map; an ordinary argument, never differentiated, never copied into the
 optimizer). Soft targets are the target's distribution restricted to the draft vocabulary,
@@ -77,7 +79,7 @@ class DraftLMObjective:
   train_head: bool = False
   name = "draft_lm"
 
-  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
     frozen = _frozen(target, d2t)
     if self.init_layers:
       idx = jnp.asarray(self.init_layers)
@@ -134,7 +136,7 @@ class MedusaObjective:
   decay: float = 0.8
   name = "medusa"
 
-  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
     del key
     D = tcfg.d_model
     trainable = {  # zero weights: every residual block starts as the identity
@@ -206,7 +208,7 @@ class EagleObjective:
   fuse_norm: bool = True
   name = "eagle"
 
-  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
     D = tcfg.d_model
     k1, k2 = jax.random.split(key)
     if self.init_layer >= 0:
@@ -292,12 +294,13 @@ class EagleObjective:
     return EagleDrafter(self.cfg, k, hidden_layers=self.fuse_layers)
 
 
-def warm_start(name: str, kind: str, target: Params, tcfg: ModelConfig, d2t):
-  """The parameters of shipped drafter `name`, checked to be of `kind` and to use draft
-  vocabulary d2t (a parallel drafter fine-tunes a sequential one of the same vocabulary)."""
-  from specjax.drafters.shipped import load_shipped
+def warm_start(name: str, kind: str, target: Params, tcfg: ModelConfig, d2t, shipped_dir: str):
+  """Shipped drafter `name` (from `shipped_dir`, "" for the package's), checked to be of `kind` and
+  to use draft vocabulary d2t (a parallel drafter extends a sequential one of the same
+  vocabulary)."""
+  from specjax.drafters.shipped import SHIPPED_DIR, load_shipped
 
-  shipped = load_shipped(name, target, tcfg)
+  shipped = load_shipped(name, target, tcfg, shipped_dir or SHIPPED_DIR)
   if shipped.kind != kind:
     raise ValueError(f"objective.init_from={name!r} is a {shipped.kind!r} drafter, not {kind!r}")
   if not np.array_equal(np.asarray(shipped.params.d2t), np.asarray(d2t)):
@@ -345,10 +348,10 @@ class PardObjective:
   def _lm(self) -> DraftLMObjective:
     return DraftLMObjective(self.cfg, self.init_layers, self.train_head)
 
-  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
     trainable, frozen = self._lm().init(key, target, tcfg, d2t)
     if self.init_from:
-      lm = warm_start(self.init_from, "draft_lm", target, tcfg, d2t).params
+      lm = warm_start(self.init_from, "draft_lm", target, tcfg, d2t, shipped_dir).params
       trainable = {"layers": lm.layers, "final_norm": lm.final_norm}
       if self.train_head:
         trainable["lm_head"] = lm.lm_head
@@ -396,25 +399,29 @@ class PardObjective:
 class PEagleObjective:
   """A parallel EAGLE head (`specjax.drafters.peagle`): all K depths of every anchor in one pass.
 
-  Depth 1 is EAGLE's step 1 (the pair (x_{t+1}, g_t) at position t predicts x_{t+2}); depth j + 1
-  is the mask pair (depth j + 1's embedding, g_t) at position t + j, seeing the context up to t and
-  the shallower masks, and predicts x_{t+j+2} (`train.streams`). Distilled towards the target (KL, weight decay ** j).
+  The EAGLE head is frozen (the shipped `base`, or its initialisation for tests); what trains is
+  the mask layer (initialised from the head's layer) and the per-depth mask embeddings. Depth 1 is
+  the head's own step 1 (the pair (x_{t+1}, g_t) at position t predicts x_{t+2}); depth j + 1 is
+  the mask pair (depth j + 1's embedding, g_t) at position t + j, through the mask layer, seeing
+  the context keys up to t and the shallower masks, and predicts x_{t+j+2} (`train.streams`).
+  Depths 2..K are distilled towards the target (KL, weight decay ** (j - 1)).
 
   Attributes:
     cfg: the head layer's config (n_layers = 1, vocab_size = the target's V).
     k: depths trained.
     fuse_layers: target layers fused into the feature (EAGLE-3).
     fuse_norm: normalise each fused layer first (`EagleObjective.fuse_norm`).
-    init_from: name of a shipped `eagle` drafter whose weights start the run ("" for none).
-    init_layer: without init_from, the target layer that initialises the head's layer (-1 random).
-    decay: depth j + 1's loss weight is decay ** j.
+    base: name of the shipped `eagle` drafter this one extends (its weights are frozen and not
+      shipped again); "" starts from `EagleObjective`'s initialisation and cannot be shipped.
+    init_layer: without a base, the target layer that initialises the head (-1 random).
+    decay: depth j + 1's loss weight is decay ** (j - 1).
   """
 
   cfg: ModelConfig
   k: int = 8
   fuse_layers: tuple[int, ...] = ()
   fuse_norm: bool = True
-  init_from: str = ""
+  base: str = ""
   init_layer: int = -1
   decay: float = 0.8
   name = "peagle"
@@ -425,41 +432,45 @@ class PEagleObjective:
       fuse_norm=self.fuse_norm,
     )  # fmt: skip
 
-  def init(self, key, target: Params, tcfg: ModelConfig, d2t) -> tuple[dict, dict]:
-    trainable, frozen = self._eagle().init(key, target, tcfg, d2t)
-    if self.init_from:
-      shipped = warm_start(self.init_from, "eagle", target, tcfg, d2t)
+  def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
+    eagle, frozen = self._eagle().init(key, target, tcfg, d2t)
+    if self.base:
+      shipped = warm_start(self.base, "eagle", target, tcfg, d2t, shipped_dir)
       fused = tuple(shipped.metadata["config"].get("fuse_layers", ()))
       if fused != tuple(self.fuse_layers):
         raise ValueError(
-          f"objective.init_from={self.init_from!r} fuses target layers {fused}, this objective "
+          f"objective.base={self.base!r} fuses target layers {fused}, this objective "
           f"{tuple(self.fuse_layers)}; set objective.fuse_layers to match"
         )
-      trainable = {k: getattr(shipped.params, k) for k in trainable}
-    trainable["mask_embed"] = mask_embeddings(frozen, self.k)
+      eagle = {k: getattr(shipped.params, k) for k in eagle}
+    frozen = {**frozen, "eagle": eagle}
+    trainable = {"mask_layer": eagle["layer"], "mask_embed": mask_embeddings(frozen, self.k)}
     return trainable, frozen
 
   def params(self, trainable, frozen) -> PEagleParams:
-    return PEagleParams(self._eagle().params(trainable, frozen), trainable["mask_embed"])
+    eagle = self._eagle().params(frozen["eagle"], frozen)
+    return PEagleParams(eagle, trainable["mask_layer"], trainable["mask_embed"])
 
   def outputs(self, trainable, frozen, batch: Batch) -> jax.Array:
     """[B, K, T, D] head outputs: depth j + 1 of every anchor."""
     p = self.params(trainable, frozen)
-    g = feature(p.eagle, batch.hidden, batch.layers)
-    first = layer_inputs(p.eagle, ahead(batch.tokens, 1), g)  # [B, T, D]
+    e = p.eagle
+    g = feature(e, batch.hidden, batch.layers)
+    first = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
     masks = jnp.moveaxis(mask_inputs(p, g, self.k), 2, 1)  # [B, K - 1, T, D]: anchor t's feature
     x = jnp.concatenate([first[:, None], masks], 1)
-    return stream_layer(p.eagle.layer, x, batch.pos, doc_causal_mask(batch.doc), self.cfg)
+    mask = doc_causal_mask(batch.doc)
+    return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer)
 
   def loss(self, trainable, frozen, batch: Batch):
     e = self.params(trainable, frozen).eagle
     o = self.outputs(trainable, frozen, batch)
     tlogp = target_logp(batch.hidden, frozen["head"])
     total, aux = 0.0, {}
-    for j in range(self.k):
+    for j in range(1, self.k):  # depth 1 is the frozen head's: nothing of it trains
       mask = same_doc(batch, j + 1) & ahead(batch.response, j + 1, False)
       ce, kl = _kl_terms(head_logits(e, o[:, j], self.cfg.norm_eps), ahead(tlogp, j + 1), mask)
-      total = total + self.decay**j * ce
+      total = total + self.decay ** (j - 1) * ce
       aux[f"kl_{j + 1}"] = kl
     return total, aux
 

@@ -131,7 +131,7 @@ def peagle_objective(o: dict, tcfg: ModelConfig):
     k=o.get("k", 8),
     fuse_layers=tuple(o.get("fuse_layers", ())),
     fuse_norm=o.get("fuse_norm", True),
-    init_from=o.get("init_from", ""),
+    base=o.get("base", ""),
     init_layer=o.get("init_layer", -1),
     decay=o.get("decay", 0.8),
   )
@@ -464,7 +464,8 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     np.save(tmp, d2t)
     os.replace(tmp, vocab_path)
   d2t = np.load(vocab_path)
-  trainable, frozen = objective.init(jax.random.PRNGKey(s.train.seed), params, tcfg, d2t)
+  key = jax.random.PRNGKey(s.train.seed)
+  trainable, frozen = objective.init(key, params, tcfg, d2t, shipped_dir=s.ship_dir)
   fused = tuple(getattr(objective, "fuse_layers", ()))
   if fused and fused != tuple(s.data.features.hidden_layers):
     raise ValueError(

@@ -24,8 +24,9 @@ from specjax.model import LayerParams
 
 
 def stream_layer(
-  lp: LayerParams, x: jax.Array, pos: jax.Array, ctx_mask: jax.Array, cfg: ModelConfig
-):
+  lp: LayerParams, x: jax.Array, pos: jax.Array, ctx_mask: jax.Array, cfg: ModelConfig,
+  mask_lp: LayerParams | None = None,
+) -> jax.Array:  # fmt: skip
   """One decoder layer over the streams.
 
   Args:
@@ -34,6 +35,8 @@ def stream_layer(
     pos: [B, T] positions of stream 0.
     ctx_mask: [B, T, T] which stream-0 keys each anchor sees (includes the anchor itself).
     cfg: the layer's config.
+    mask_lp: weights of the mask streams 1..K-1, if they have their own (P-EAGLE's mask layer:
+      their queries, keys, values and MLP; the context keys stay stream 0's); default lp.
 
   Returns:
     [B, K, T, D] layer outputs.
@@ -41,10 +44,19 @@ def stream_layer(
   B, K, T, D = x.shape
   Hkv, Dh = cfg.n_kv_heads, cfg.head_dim
   G = cfg.n_heads // Hkv
-  positions = (pos[:, None, :] + jnp.arange(K, dtype=pos.dtype)[None, :, None]).reshape(B * K, T)
-  q, k, v = project_qkv(lp, x.reshape(B * K, T, D), positions, cfg)
-  q = q.reshape(B, K, T, Hkv, G, Dh)
-  k, v = k.reshape(B, K, T, Hkv, Dh), v.reshape(B, K, T, Hkv, Dh)
+
+  def project(w, xs, first_depth):
+    n = xs.shape[1]
+    depth = first_depth + jnp.arange(n, dtype=pos.dtype)
+    positions = (pos[:, None, :] + depth[None, :, None]).reshape(B * n, T)
+    q, k, v = project_qkv(w, xs.reshape(B * n, T, D), positions, cfg)
+    return q.reshape(B, n, T, Hkv, G, Dh), k.reshape(B, n, T, Hkv, Dh), v.reshape(B, n, T, Hkv, Dh)
+
+  if mask_lp is None:
+    q, k, v = project(lp, x, 0)
+  else:
+    parts = project(lp, x[:, :1], 0), project(mask_lp, x[:, 1:], 1)
+    q, k, v = (jnp.concatenate(a, 1) for a in zip(*parts))
   f32 = jnp.float32
   s_ctx = jnp.einsum("bjtkgd,bskd->bjkgts", q, k[:, 0], preferred_element_type=f32)
   s_loc = jnp.einsum("bjtkgd,bitkd->bjkgti", q, k, preferred_element_type=f32)
@@ -56,8 +68,19 @@ def stream_layer(
   attn = jnp.einsum("bjkgts,bskd->bjtkgd", p[..., :T], v[:, 0]) + jnp.einsum(
     "bjkgti,bitkd->bjtkgd", p[..., T:], v
   )
-  out = finish_layer(lp, x.reshape(B * K, T, D), attn.reshape(B * K, T, -1), cfg)
-  return out.reshape(B, K, T, D)
+  attn = attn.reshape(B, K, T, -1)
+
+  def finish(w, xs, a):
+    n = xs.shape[1]
+    return finish_layer(w, xs.reshape(B * n, T, D), a.reshape(B * n, T, -1), cfg).reshape(
+      B, n, T, D
+    )
+
+  if mask_lp is None:
+    return finish(lp, x, attn)
+  return jnp.concatenate(
+    [finish(lp, x[:, :1], attn[:, :1]), finish(mask_lp, x[:, 1:], attn[:, 1:])], 1
+  )
 
 
 def stack_streams(first: jax.Array, masks: jax.Array) -> jax.Array:

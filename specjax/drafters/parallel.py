@@ -2,7 +2,8 @@
 
 A parallel drafter (PARD's draft LM, P-EAGLE's head) feeds the inputs it has not yet seen (a window
 of W slots of which n_valid per row are real) followed by K - 1 learned mask inputs, and reads the
-K draft distributions at the last real input and at the masks. The masks are placed right after
+K draft distributions at the last real input and at the masks (`with_masks` builds PARD's single
+pass; P-EAGLE feeds its masks through their own layer as a second pass at the same slots). The masks are placed right after
 each row's last real input, so positions stay contiguous and the ordinary causal mask is exactly
 the training mask (`train.streams`): mask j (depth j + 1) sees the real context and masks 1..j.
 Each depth has its own learned mask input, so a query knows its depth without inferring it from
@@ -42,12 +43,6 @@ def with_masks(window: jax.Array, n_valid: jax.Array, masks: jax.Array) -> jax.A
   )
   both = jnp.concatenate([window, masks], 1)
   return jnp.take_along_axis(both, src[..., None], 1)
-
-
-def block_outputs(out: jax.Array, n_valid: jax.Array, k: int) -> jax.Array:
-  """[B, K, ...]: the outputs at slots n_valid - 1 .. n_valid + K - 2 of out [B, T, ...]."""
-  idx = jnp.maximum(n_valid, 1)[:, None] - 1 + jnp.arange(k)[None, :]
-  return jnp.take_along_axis(out, idx.reshape(idx.shape + (1,) * (out.ndim - 2)), 1)
 
 
 def mask_rows(mask_params: jax.Array, k: int) -> jax.Array:

@@ -5,7 +5,9 @@ never the target's arrays) plus `<name>.json`: the kind and its configuration, t
 trained for, the data recipe, training settings and time, held-out metrics, the tensor shapes and
 the file's sha256. `load_shipped(name, target_params, target_cfg)` verifies the checksum, the
 target, and every tensor shape, then assembles the drafter's parameter pytree with the target's
-embedding / LM-head rows (shared, not copied) where the kind reuses them. What each kind's tensors
+embedding / LM-head rows (shared, not copied) where the kind reuses them. A drafter that extends
+another (a P-EAGLE head over an EAGLE-3 head) ships only its own part; its metadata's `base` names
+the other drafter and its sha256, and the loader reads and checks both. What each kind's tensors
 become is its `specjax.drafters.registry.DrafterKind`.
 """
 
@@ -104,6 +106,16 @@ def read_metadata(name: str, directory: str = SHIPPED_DIR) -> dict:
     return json.load(f)
 
 
+def _verified_tensors(meta: dict, directory: str, target_cfg: ModelConfig) -> dict:
+  path = os.path.join(directory, meta["file"])
+  digest = sha256_of(path)
+  if digest != meta["sha256"]:
+    raise ShippedDrafterError(f"{path}: sha256 {digest} != recorded {meta['sha256']}")
+  tensors = load_file(path)
+  _check(meta, tensors, target_cfg)
+  return tensors
+
+
 def load_shipped(
   name: str, target_params: Params, target_cfg: ModelConfig, directory: str = SHIPPED_DIR
 ) -> ShippedDrafter:
@@ -113,12 +125,15 @@ def load_shipped(
     ShippedDrafterError: unknown name, checksum mismatch, wrong target, or a shape mismatch.
   """
   meta = read_metadata(name, directory)
-  path = os.path.join(directory, meta["file"])
-  digest = sha256_of(path)
-  if digest != meta["sha256"]:
-    raise ShippedDrafterError(f"{path}: sha256 {digest} != recorded {meta['sha256']}")
-  tensors = load_file(path)
-  _check(meta, tensors, target_cfg)
+  tensors = _verified_tensors(meta, directory, target_cfg)
+  if "base" in meta:  # it extends another shipped drafter: that one's tensors, then its own
+    base = read_metadata(meta["base"]["name"], directory)
+    if base["sha256"] != meta["base"]["sha256"]:
+      raise ShippedDrafterError(
+        f"{name} extends {base['name']} with sha256 {meta['base']['sha256']}, but the shipped "
+        f"{base['name']} has {base['sha256']}; retrain {name} on it or restore that version"
+      )
+    tensors = {**_verified_tensors(base, directory, target_cfg), **tensors}
   t = {k: jnp.asarray(v, jnp.int32 if k == "d2t" else jnp.float32) for k, v in tensors.items()}
   out_matrix = target_params.embed if target_params.lm_head is None else target_params.lm_head
   d2t = t["d2t"].astype(jnp.int32)
