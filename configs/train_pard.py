@@ -1,7 +1,7 @@
 """A PARD-style parallel draft LM for SmolLM2-135M-Instruct: the shipped 2-layer draft LM
-(`draft-lm2-smollm2-135m`) fine-tuned with PARD's mask-token objective over K = 8 depths, so that
-one draft forward pass proposes a block of 8 tokens (`specjax.drafters.pard`), on the committed
-self-distilled corpus (`train/corpora/smollm2-sd-v1.npz`, shared feature cache).
+(`draft-lm2-smollm2-135m`, frozen) extended by mask layers trained with PARD's mask-token
+objective over K = 8 depths, so that one drafting step proposes a block of 8 tokens
+(`specjax.drafters.pard`), on the committed self-distilled corpus (`train/corpora/smollm2-sd-v1.npz`, shared feature cache).
 
 Commands (from the repository root):
 
@@ -20,10 +20,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.objective.kind = "pard"
   config.objective.k = 8
   config.objective.n_layers = 2
-  config.objective.init_layers = (0, 1)  # used only without init_from
-  config.objective.init_from = "draft-lm2-smollm2-135m"
+  config.objective.base = "draft-lm2-smollm2-135m"  # frozen; only the mask path trains
   config.train.steps = 200  # as long as the draft LM it starts from
-  config.train.lr = 3e-4
+  config.train.lr = 1e-3
   config.train.batch_size = 4
   config.train.warmup = 20
   config.train.save_every = 25
@@ -35,5 +34,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.objective.k = 3
     config.objective.n_layers = 1
     config.objective.init_layers = (0,)
-    config.objective.init_from = ""
+    config.objective.base = "tiny-draft_lm"  # tests ship it first
   return config

@@ -62,7 +62,8 @@ def make_drafter(kind, target, cfg, k, d2t, seed=0, scale=0.3):
   if kind == "pard":
     lm = make_drafter("draft_lm", target, cfg, k, d2t, seed, scale)[1]
     mask = scale * jax.random.normal(keys[4], (max(k - 1, 1), D))
-    return PardDrafter(cfg.replace(n_layers=1), k), PardParams(lm, mask)
+    mask_layers = init_params(keys[5], cfg.replace(n_layers=1), scale=scale).layers
+    return PardDrafter(cfg.replace(n_layers=1), k), PardParams(lm, mask_layers, mask)
   if kind == "peagle":
     eagle = make_drafter("eagle3", target, cfg, k, d2t, seed, scale)[1]
     mask = scale * jax.random.normal(keys[4], (max(k - 1, 1), D))

@@ -226,7 +226,7 @@ KINDS = {
   "medusa": ("train_medusa", {}),
   "eagle1": ("train_eagle", {}),
   "eagle3": ("train_eagle3", {"steps": 2}),
-  "pard": ("train_pard", {}),
+  "pard": ("train_pard", {}),  # extends tiny-draft_lm, shipped by the draft_lm case
   "peagle": ("train_peagle", {}),  # extends tiny-eagle3, shipped by the eagle3 case
 }
 
@@ -246,11 +246,12 @@ def heldout_ar(tiny):
 def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, kind):
   root, params, cfg, store = tiny[:4]
   name, objective = KINDS[kind]
-  if kind == "peagle" and not (root / "shipped" / "tiny-eagle3.json").exists():
-    pytest.skip("needs tiny-eagle3, shipped by this test's eagle3 case (run the whole test)")
+  base = {"peagle": "tiny-eagle3", "pard": "tiny-draft_lm"}.get(kind)
+  if base and not (root / "shipped" / f"{base}.json").exists():
+    pytest.skip(f"needs {base}, shipped by this test's case of its kind (run the whole test)")
   config = tiny_config(name, root, **objective)
-  # P-EAGLE trains only its mask path over a frozen head: a higher rate in 40 steps
-  lr = 1e-2 if kind == "peagle" else 2e-3
+  # the parallel drafters train only their mask path over a frozen drafter: a higher rate
+  lr = 1e-2 if base else 2e-3
   config.train.update({"steps": 40, "lr": lr, "save_every": 1000})
   config.ship.name = f"tiny-{kind}"
   workdir = str(root / f"work_{kind}")

@@ -331,7 +331,8 @@ def _pard(draft, dcfg, k, seed=7):
   head = draft.embed if draft.lm_head is None else draft.lm_head
   lm = DraftLMParams(draft.embed, draft.layers, draft.final_norm, head, jnp.arange(dcfg.vocab_size))
   mask = 0.3 * jax.random.normal(jax.random.PRNGKey(seed), (k - 1, dcfg.d_model))
-  return PardParams(lm, mask)
+  noisy = jax.tree.map(lambda a: a * 1.1, draft.layers)  # mask layers that differ from the draft's
+  return PardParams(lm, noisy, mask)
 
 
 def test_greedy_trees_identical_to_ar(models, noisy_target, ar_reference):

@@ -323,25 +323,28 @@ def mask_embeddings(frozen: dict, k: int) -> jax.Array:
 class PardObjective:
   """PARD's mask-token objective for a parallel draft LM (`specjax.drafters.pard`).
 
-  Every anchor t of a window is trained at all K depths at once (`train.streams`): depth 1 reads
-  x_0..x_t and predicts x_{t+1}; depth j + 1 reads a mask at position t + j (seeing x_0..x_t and
-  the masks before it) and predicts x_{t+j+1}; each is distilled towards the target's distribution
-  there (KL, weight decay ** j).
+  The draft LM is frozen (the shipped `base`, or its initialisation for tests); what trains is the
+  mask layers (initialised from its layers) and the per-depth mask embeddings. Every anchor t of a
+  window is trained at all K depths at once (`train.streams`): depth 1 is the draft LM reading
+  x_0..x_t (predicting x_{t+1}); depth j + 1 reads mask j at position t + j through the mask
+  layers, seeing the draft LM's keys of x_0..x_t and the masks before it, and predicts x_{t+j+1}.
+  Depths 2..K are distilled towards the target's distribution there (KL, weight decay ** (j - 1)).
 
   Attributes:
     cfg: the draft's config (vocab_size = the target's V).
     k: depths trained (the block size drafting uses; smaller blocks work too).
-    init_layers: target layers copied as the initial draft layers, as in `DraftLMObjective`.
-    train_head: train the draft-vocabulary LM head.
-    init_from: name of a shipped `draft_lm` drafter whose weights start the run ("" for none).
-    decay: depth j + 1's loss weight is decay ** j.
+    init_layers: without a base, target layers copied as the draft LM's layers.
+    train_head: whether the draft LM has its own head (else the target's rows); must match base.
+    base: name of the shipped `draft_lm` drafter this one extends (frozen, not shipped again); ""
+      starts from `DraftLMObjective`'s initialisation and cannot be shipped.
+    decay: depth j + 1's loss weight is decay ** (j - 1).
   """
 
   cfg: ModelConfig
   k: int = 8
   init_layers: tuple[int, ...] = ()
   train_head: bool = False
-  init_from: str = ""
+  base: str = ""
   decay: float = 0.8
   name = "pard"
 
@@ -349,33 +352,35 @@ class PardObjective:
     return DraftLMObjective(self.cfg, self.init_layers, self.train_head)
 
   def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
-    trainable, frozen = self._lm().init(key, target, tcfg, d2t)
-    if self.init_from:
-      lm = warm_start(self.init_from, "draft_lm", target, tcfg, d2t, shipped_dir).params
-      trainable = {"layers": lm.layers, "final_norm": lm.final_norm}
+    lm, frozen = self._lm().init(key, target, tcfg, d2t)
+    if self.base:
+      p = warm_start(self.base, "draft_lm", target, tcfg, d2t, shipped_dir).params
+      lm = {"layers": p.layers, "final_norm": p.final_norm}
       if self.train_head:
-        trainable["lm_head"] = lm.lm_head
-    trainable["mask_embed"] = mask_embeddings(frozen, self.k)
-    return trainable, frozen
+        lm["lm_head"] = p.lm_head
+    frozen = {**frozen, "lm": lm}
+    return {"mask_layers": lm["layers"], "mask_embed": mask_embeddings(frozen, self.k)}, frozen
 
   def logits(self, trainable: dict, frozen: dict, batch: Batch) -> jax.Array:
     """[B, K, T, Vd]: depth j + 1's draft logits at every anchor."""
+    lm = frozen["lm"]
     x0 = frozen["embed"][batch.tokens].astype(jnp.float32)
     x = stack_streams(x0, trainable["mask_embed"])
     mask = doc_causal_mask(batch.doc)
     for i in range(self.cfg.n_layers):
-      x = stream_layer(layer_at(trainable["layers"], i), x, batch.pos, mask, self.cfg)
-    h = rms_norm(x, trainable["final_norm"], self.cfg.norm_eps)
-    return jnp.einsum("bjtd,vd->bjtv", h, trainable.get("lm_head", frozen["head"]))
+      lp, mlp = layer_at(lm["layers"], i), layer_at(trainable["mask_layers"], i)
+      x = stream_layer(lp, x, batch.pos, mask, self.cfg, mask_lp=mlp)
+    h = rms_norm(x, lm["final_norm"], self.cfg.norm_eps)
+    return jnp.einsum("bjtd,vd->bjtv", h, lm.get("lm_head", frozen["head"]))
 
   def loss(self, trainable, frozen, batch: Batch):
     logits = self.logits(trainable, frozen, batch)
     tlogp = target_logp(batch.hidden, frozen["head"])
     total, aux = 0.0, {}
-    for j in range(self.k):
+    for j in range(1, self.k):  # depth 1 is the frozen draft LM's
       mask = same_doc(batch, j) & ahead(batch.response, j, False)
       ce, kl = _kl_terms(logits[:, j], ahead(tlogp, j), mask)
-      total = total + self.decay**j * ce
+      total = total + self.decay ** (j - 1) * ce
       aux[f"kl_{j + 1}"] = kl
     return total, aux
 
@@ -389,7 +394,8 @@ class PardObjective:
     return out
 
   def draft_params(self, trainable, frozen) -> PardParams:
-    return PardParams(self._lm().draft_params(trainable, frozen), trainable["mask_embed"])
+    lm = self._lm().draft_params(frozen["lm"], frozen)
+    return PardParams(lm, trainable["mask_layers"], trainable["mask_embed"])
 
   def drafter(self, k: int) -> PardDrafter:
     return PardDrafter(self.cfg, k)

@@ -120,7 +120,7 @@ def pard_objective(o: dict, tcfg: ModelConfig):
     k=o.get("k", 8),
     init_layers=tuple(o.get("init_layers", ())),
     train_head=o.get("train_head", False),
-    init_from=o.get("init_from", ""),
+    base=o.get("base", ""),
     decay=o.get("decay", 0.8),
   )
 

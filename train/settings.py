@@ -81,10 +81,9 @@ def base_config() -> ml_collections.ConfigDict:
       w_cls=0.1,
       init_layer=-1,
       fuse_norm=True,
-      # pard and peagle (parallel drafters): depths trained; the shipped drafter pard starts
-      # from (init_from) or peagle extends, frozen (base)
+      # pard and peagle (parallel drafters): depths trained; the shipped sequential drafter
+      # they extend (frozen)
       k=8,
-      init_from="",
       base="",
     )
   )
