@@ -97,46 +97,45 @@ def cost_ratios(target, shipped, k: int, reps: int, context: int = 256) -> dict:
   }
 
 
-def parse_drafters(entries: list[str], default_k: int) -> dict[str, int]:
-  """{name: K} from "NAME" or "NAME:K" entries."""
-  out = {}
+def parse_drafters(entries: list[str], default_k: int) -> list[tuple[str, int]]:
+  """[(name, K)] from "NAME" or "NAME:K" entries (a name may come with several K)."""
+  out = []
   for e in entries:
     name, _, k = e.partition(":")
     if k and not k.isdigit():
       raise SystemExit(f"--drafters entry {e!r}: K must be a positive integer (NAME:K)")
-    out[name] = int(k) if k else default_k
+    out.append((name, int(k) if k else default_k))
   return out
 
 
 def main(argv):
   del argv
   target = load_target("smollm2-135m-instruct")
-  ks = parse_drafters(_DRAFTERS.value or list_shipped(), _K.value)
-  if not ks:
+  runs = parse_drafters(_DRAFTERS.value or list_shipped(), _K.value)
+  if not runs:
     raise SystemExit("no shipped drafters in specjax/drafters/shipped")
-  names, k = list(ks), max(ks.values())
+  names, k = list(dict.fromkeys(n for n, _ in runs)), max(k for _, k in runs)
   shipped = {n: load_shipped(n, target.params, target.cfg) for n in names}
-  print(f"# Shipped drafters on Spec-Bench (greedy, batch 1, chain K: {ks})\n")
+  print(f"# Shipped drafters on Spec-Bench (greedy, batch 1, chain: {runs})\n")
   print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
   print(
     "| drafter | kind | K | held-out top-1 (training metric) | c | propose/step "
     "| verify/step | step ms |"
   )
   print("|---|---|---:|---|---:|---:|---:|---:|")
-  costs = {}
-  for n, s in shipped.items():
-    costs[n] = cost_ratios(target, s, ks[n], _REPS.value)
+  for n, kn in runs:
+    s = shipped[n]
+    cst = cost_ratios(target, s, kn, _REPS.value)
     held = ", ".join(
       f"{a} {b:.3f}" for a, b in s.metadata["heldout"].items() if a.startswith("top1")
     )
     if "simulated_tau" in s.metadata["heldout"]:
       held += f"; simulated tau {s.metadata['heldout']['simulated_tau']:.2f}"
-    cst = costs[n]
     print(
-      f"| {n} | {s.kind} | {ks[n]} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
+      f"| {n} | {s.kind} | {kn} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
       f"| {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
     )
-  methods = [Method(f"{n}_k{ks[n]}", s.drafter(ks[n]), s.params) for n, s in shipped.items()]
+  methods = [Method(f"{n}_k{kn}", shipped[n].drafter(kn), shipped[n].params) for n, kn in runs]
   gen = GenerateConfig(max_new_tokens=_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
   prompts = load_spec_bench(
     find_spec_bench(_SPEC_BENCH.value), SPEC_BENCH_CATEGORIES, _PER_CATEGORY.value, turns=1
@@ -144,7 +143,7 @@ def main(argv):
   runner = Runner(target, methods, gen, log=lambda line: print(line, flush=True))
   settings = {
     "drafters": names,
-    "k": ks,
+    "k": runs,
     "per_category": _PER_CATEGORY.value,
     "max_new": _MAX_NEW.value,
   }
