@@ -163,6 +163,10 @@ CONFIGS = [
   ("trees.py", "dynamic,", "tree"),
   ("trees.py", "medusa,", "tree"),
   ("smc.py", "", "smc"),
+  ("parallel.py", "", "shipped"),
+  ("parallel.py", "pard,", "shipped"),
+  ("parallel.py", "peagle_tree,", "tree"),
+  ("parallel.py", "pard_tree,", "tree"),
 ]
 
 
