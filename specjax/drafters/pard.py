@@ -57,7 +57,7 @@ class PardParams:
 
 @dataclasses.dataclass(frozen=True)
 class PardDrafter(BlockProposals, LazyDrafterDefaults):
-  """Block drafting with a PARD draft LM: K tokens per propose, one draft forward pass.
+  """Block drafting with a PARD draft LM: K tokens per propose from two short draft passes.
 
   Attributes:
     cfg: the draft's config (vocab_size is the target's V; n_layers the draft's).

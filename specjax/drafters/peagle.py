@@ -85,7 +85,7 @@ def mask_inputs(params: PEagleParams, g: jax.Array, k: int) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class PEagleDrafter(BlockProposals, DrafterDefaults):
-  """Block drafting with a parallel EAGLE head: K tokens per propose, one head pass.
+  """Block drafting with a parallel EAGLE head: K tokens per propose from two short head passes.
 
   Attributes:
     cfg: the head layer's config (n_layers = 1; vocab_size = the target's V).
