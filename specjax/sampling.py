@@ -57,9 +57,15 @@ class SamplingConfig:
 
   def sample(self, key: jax.Array, logits: jax.Array) -> jax.Array:
     """Draws tokens [...] int32 from the processed distribution."""
+    return self.draw(key, self.logprobs(logits))
+
+  def draw(self, key: jax.Array, logprobs: jax.Array) -> jax.Array:
+    """Draws tokens [...] int32 from log-probabilities this config already processed
+    (`logprobs`): the point mass's token when greedy, else a categorical draw. Every sampler in
+    specjax (target and drafters) draws through here."""
     if self.greedy:
-      return jnp.argmax(logits, -1).astype(jnp.int32)
-    return jax.random.categorical(key, self.logprobs(logits), -1).astype(jnp.int32)
+      return jnp.argmax(logprobs, -1).astype(jnp.int32)
+    return sample_from_logprobs(key, logprobs)
 
 
 def _top_p_filter(logits: jax.Array, top_p: float) -> jax.Array:

@@ -72,14 +72,14 @@ class DraftModelDrafter(LazyDrafterDefaults):
     window = read_rows(seq, c, 2)  # [B, 2]
     out = forward(params, window, cache, self.cfg, logit_positions=(seq_len - 1 - c)[:, None])
     logq0 = sampling.logprobs(out.logits[:, 0])
-    tok0 = _draw(keys[0], logq0, sampling)
+    tok0 = sampling.draw(keys[0], logq0)
     cache = out.cache.with_lengths(seq_len)
 
     def step(carry, key):
       cache, tok = carry
       out = forward(params, tok[:, None], cache, self.cfg)
       logq = sampling.logprobs(out.logits[:, 0])
-      nxt = _draw(key, logq, sampling)
+      nxt = sampling.draw(key, logq)
       return (out.cache, nxt), (nxt, logq)
 
     (cache, _), (toks, logqs) = jax.lax.scan(step, (cache, tok0), keys[1:])
@@ -113,9 +113,3 @@ def catch_up_cache(params, cfg: ModelConfig, cache: KVCache, seq, seq_len, width
     )
 
   return jax.lax.while_loop(lambda cache: jnp.any(cache.lengths < seq_len - 2), feed, cache)
-
-
-def _draw(key, logq, sampling: SamplingConfig):
-  if sampling.greedy:
-    return jnp.argmax(logq, -1).astype(jnp.int32)
-  return jax.random.categorical(key, logq, -1).astype(jnp.int32)

@@ -24,11 +24,7 @@ def scatter_logq(logq_d: jax.Array, d2t: jax.Array, vocab_size: int) -> jax.Arra
 def draw(key: jax.Array, logits_d: jax.Array, d2t: jax.Array, sampling: SamplingConfig):
   """Draws from the processed draft distribution over Vd: (target ids [...], logq_d [..., Vd])."""
   logq_d = sampling.logprobs(logits_d)
-  if sampling.greedy:
-    idx = jnp.argmax(logits_d, -1)
-  else:
-    idx = jax.random.categorical(key, logq_d, -1)
-  return d2t[idx].astype(jnp.int32), logq_d
+  return d2t[sampling.draw(key, logq_d)], logq_d
 
 
 def top_tokens(counts: np.ndarray, size: int, always: tuple[int, ...] = ()) -> np.ndarray:
