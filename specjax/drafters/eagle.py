@@ -91,14 +91,19 @@ def layer_inputs(params: EagleParams, tokens: jax.Array, g: jax.Array) -> jax.Ar
   return linear(jnp.concatenate([e, g.astype(jnp.float32)], -1), params.w_in)
 
 
-def cached_layer(params: EagleParams, x, cache: KVCache, cfg: ModelConfig):
-  """The layer on T new inputs per row at slots cache.lengths + [0, T); returns (o, cache)."""
+def cached_layer(
+  params: EagleParams, x, cache: KVCache, cfg: ModelConfig, positions=None, new_mask=None
+):
+  """The layer on T new inputs per row at slots cache.lengths + [0, T); returns (o, cache with
+  lengths advanced by T). positions: [B, T] RoPE positions (default the slots); new_mask:
+  [B, T, T] attention among the new inputs (default causal; a tree's ancestor mask)."""
   T = x.shape[1]
-  positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  if positions is None:
+    positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
   q, k, v = project_qkv(params.layer, x, positions, cfg)
   k_all = write_rows(cache.k[0], k, cache.lengths)
   v_all = write_rows(cache.v[0], v, cache.lengths)
-  mask = attention_mask(cache.lengths, T, cache.capacity, None)
+  mask = attention_mask(cache.lengths, T, cache.capacity, new_mask)
   o = attend_and_mlp(params.layer, x, q, k_all, v_all, mask, cfg)
   return o, KVCache(k_all[None], v_all[None], cache.lengths + T)
 

@@ -32,7 +32,6 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.drafters.base import TreeDrafterDefaults, TreeProposal, TreeStepResult
-from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
 from specjax.drafters.eagle import (
   EagleDrafter,
   EagleParams,
@@ -42,8 +41,7 @@ from specjax.drafters.eagle import (
   layer_inputs,
 )
 from specjax.drafters.tree_draft_model import check_dynamic_tree_size, select_dynamic_tree
-from specjax.kv_cache import KVCache, read_rows, write_rows
-from specjax.model import attention_mask
+from specjax.kv_cache import KVCache, read_rows
 from specjax.sampling import SamplingConfig
 
 
@@ -51,15 +49,11 @@ def tree_layer(params: EagleParams, x, positions, new_mask, cache: KVCache, cfg:
   """The head layer on T fed nodes per row [B, T, D] at slots cache.lengths + [0, T).
 
   Each node sees the whole cache before its block and, inside the block, the nodes allowed by
-  `new_mask` [B, T, T] (its ancestors and itself). Returns (o [B, T, D], cache with K/V written).
+  `new_mask` [B, T, T] (its ancestors and itself). Returns (o [B, T, D], cache with K/V written
+  and its lengths unchanged).
   """
-  T = x.shape[1]
-  q, k, v = project_qkv(params.layer, x, positions, cfg)
-  k_all = write_rows(cache.k[0], k, cache.lengths)
-  v_all = write_rows(cache.v[0], v, cache.lengths)
-  mask = attention_mask(cache.lengths, T, cache.capacity, new_mask)
-  o = attend_and_mlp(params.layer, x, q, k_all, v_all, mask, cfg)
-  return o, KVCache(k_all[None], v_all[None], cache.lengths)
+  o, out = cached_layer(params, x, cache, cfg, positions, new_mask)
+  return o, out.with_lengths(cache.lengths)
 
 
 @dataclasses.dataclass(frozen=True)
