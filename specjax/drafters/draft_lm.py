@@ -2,9 +2,10 @@
 
 The draft is a few Llama decoder layers reading the target's own token embedding (not a copy: the
 same array is passed in at load time), with its own final norm and an LM head over Vd draft tokens
-mapped to target ids by `d2t` (`specjax.drafters.draft_vocab`). Drafting follows
-`DraftModelDrafter`: the draft cache holds seq[:c] with c in {seq_len - 2, seq_len - 1} at each
-propose and the first step feeds the two-token window seq[c : c + 2].
+mapped to target ids by `d2t` (`specjax.drafters.draft_vocab`). Drafting is `DraftModelDrafter`'s
+(`draft_model.draft_chain`, with the d2t map): the draft cache holds seq[:c] with c in
+{seq_len - 2, seq_len - 1} at each propose and the first step feeds the two-token window
+seq[c : c + 2].
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import jax.numpy as jnp
 
 from specjax.config import ModelConfig
 from specjax.drafters.base import LazyDrafterDefaults, Proposal, StepResult
-from specjax.drafters.draft_model import catch_up_cache
-from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.drafters.draft_model import catch_up_cache, commit_chain, draft_chain
+from specjax.drafters.draft_vocab import scatter_logq
 from specjax.drafters.registry import DrafterKind, layer_params, register
-from specjax.kv_cache import KVCache, init_cache, read_rows
+from specjax.kv_cache import KVCache, init_cache
 from specjax.model import LayerParams, Params, forward
 from specjax.sampling import SamplingConfig
 
@@ -74,37 +75,18 @@ class DraftLMDrafter(LazyDrafterDefaults):
   def propose(
     self, params: DraftLMParams, cache: KVCache, seq, seq_len, key, sampling: SamplingConfig
   ) -> Proposal:
-    B, V = seq.shape[0], self.cfg.vocab_size
-    model = params.as_model()
-    keys = jax.random.split(key, self.k)
-    c = cache.lengths
-    window = read_rows(seq, c, 2)
-    out = forward(model, window, cache, self.cfg, logit_positions=(seq_len - 1 - c)[:, None])
-    tok0, logq0 = draw(keys[0], out.logits[:, 0], params.d2t, sampling)
-    cache = out.cache.with_lengths(seq_len)
-
-    def step(carry, key):
-      cache, tok = carry
-      out = forward(model, tok[:, None], cache, self.cfg)
-      nxt, logq = draw(key, out.logits[:, 0], params.d2t, sampling)
-      return (out.cache, nxt), (nxt, logq)
-
-    (cache, _), (toks, logqs) = jax.lax.scan(step, (cache, tok0), keys[1:])
-    tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], 1)  # [B, K]
-    logq = None
-    if not sampling.greedy:
-      logq_d = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)  # [B, K, Vd]
-      logq = scatter_logq(logq_d, params.d2t, V)
-    return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), cache)
+    model, d2t = params.as_model(), params.d2t
+    tokens, logq_d, cache = draft_chain(model, self.cfg, cache, seq, seq_len, key, sampling,
+                                        self.k, d2t)  # fmt: skip
+    logq = None if sampling.greedy else scatter_logq(logq_d, d2t, self.cfg.vocab_size)
+    return Proposal(tokens, logq, jnp.full((seq.shape[0],), self.k, jnp.int32), cache)
 
   def catch_up(self, params: DraftLMParams, cache: KVCache, seq, seq_len, width: int) -> KVCache:
     """The cache after the adaptive loop's AR steps, caught up (`catch_up_cache`)."""
     return catch_up_cache(params.as_model(), self.cfg, cache, seq, seq_len, width)
 
   def commit(self, params, cache: KVCache, seq, seq_len, step: StepResult) -> KVCache:
-    # Accepted drafts d_1..d_{K-1} were fed; d_K was drawn but not fed. Finished rows keep c.
-    valid = step.prev_seq_len + jnp.minimum(step.n_committed - 1, self.k - 1)
-    return cache.with_lengths(valid)
+    return commit_chain(cache, step, self.k)
 
 
 def params_from_tensors(t, d2t, out_matrix, target_params) -> DraftLMParams:

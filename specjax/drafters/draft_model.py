@@ -66,36 +66,57 @@ class DraftModelDrafter(LazyDrafterDefaults):
   def propose(
     self, params, cache: KVCache, seq, seq_len, key, sampling: SamplingConfig
   ) -> Proposal:
-    B = seq.shape[0]
-    keys = jax.random.split(key, self.k)
-    c = cache.lengths
-    window = read_rows(seq, c, 2)  # [B, 2]
-    out = forward(params, window, cache, self.cfg, logit_positions=(seq_len - 1 - c)[:, None])
-    logq0 = sampling.logprobs(out.logits[:, 0])
-    tok0 = sampling.draw(keys[0], logq0)
-    cache = out.cache.with_lengths(seq_len)
-
-    def step(carry, key):
-      cache, tok = carry
-      out = forward(params, tok[:, None], cache, self.cfg)
-      logq = sampling.logprobs(out.logits[:, 0])
-      nxt = sampling.draw(key, logq)
-      return (out.cache, nxt), (nxt, logq)
-
-    (cache, _), (toks, logqs) = jax.lax.scan(step, (cache, tok0), keys[1:])
-    tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], 1)  # [B, K]
-    logq = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)  # [B, K, V]
-    return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), cache)
+    tokens, logq, cache = draft_chain(params, self.cfg, cache, seq, seq_len, key, sampling, self.k)
+    return Proposal(tokens, logq, jnp.full((seq.shape[0],), self.k, jnp.int32), cache)
 
   def catch_up(self, params, cache: KVCache, seq, seq_len, width: int) -> KVCache:
     """The cache after the adaptive loop's AR steps, caught up (`catch_up_cache`)."""
     return catch_up_cache(params, self.cfg, cache, seq, seq_len, width)
 
   def commit(self, params, cache: KVCache, seq, seq_len, step: StepResult) -> KVCache:
-    # Valid draft entries: everything before the drafts, plus accepted drafts d_1..d_{K-1}
-    # (d_K was drawn but never fed). Finished rows (n_committed = 0) keep seq_len - 1.
-    valid = step.prev_seq_len + jnp.minimum(step.n_committed - 1, self.k - 1)
-    return cache.with_lengths(valid)
+    return commit_chain(cache, step, self.k)
+
+
+def draft_chain(model, cfg: ModelConfig, cache: KVCache, seq, seq_len, key, sampling, k: int,
+                d2t=None):  # fmt: skip
+  """K autoregressive drafts from a draft LM whose cache holds seq[:c], c in {seq_len - 2,
+  seq_len - 1} (the module docstring's invariant).
+
+  Args:
+    model: the draft's `Params`; its logits are over the target's vocabulary, or over a draft
+      vocabulary whose ids d2t maps to the target's (`specjax.drafters.draft_vocab`).
+
+  Returns:
+    (tokens [B, K] target ids, logq [B, K, V'] the processed draft distributions over the
+    model's vocabulary, the cache holding d_1..d_{K-1} past seq_len).
+  """
+  to_target = (lambda i: i) if d2t is None else (lambda i: d2t[i].astype(jnp.int32))
+  keys = jax.random.split(key, k)
+  c = cache.lengths
+  window = read_rows(seq, c, 2)  # [B, 2]
+  out = forward(model, window, cache, cfg, logit_positions=(seq_len - 1 - c)[:, None])
+  logq0 = sampling.logprobs(out.logits[:, 0])
+  tok0 = to_target(sampling.draw(keys[0], logq0))
+  cache = out.cache.with_lengths(seq_len)
+
+  def step(carry, key):
+    cache, tok = carry
+    out = forward(model, tok[:, None], cache, cfg)
+    logq = sampling.logprobs(out.logits[:, 0])
+    nxt = to_target(sampling.draw(key, logq))
+    return (out.cache, nxt), (nxt, logq)
+
+  (cache, _), (toks, logqs) = jax.lax.scan(step, (cache, tok0), keys[1:])
+  tokens = jnp.concatenate([tok0[:, None], jnp.moveaxis(toks, 0, 1)], 1)
+  logq = jnp.concatenate([logq0[:, None], jnp.moveaxis(logqs, 0, 1)], 1)
+  return tokens, logq, cache
+
+
+def commit_chain(cache: KVCache, step: StepResult, k: int) -> KVCache:
+  """A chain draft's cache after verification: everything before the drafts plus the accepted
+  drafts d_1..d_{K-1} (d_K was drawn but never fed); finished rows (n_committed = 0) keep
+  seq_len - 1."""
+  return cache.with_lengths(step.prev_seq_len + jnp.minimum(step.n_committed - 1, k - 1))
 
 
 def catch_up_cache(params, cfg: ModelConfig, cache: KVCache, seq, seq_len, width: int) -> KVCache:
