@@ -41,7 +41,7 @@ setup(
   version="0.1.0",
   description="Speculative decoding for large language models in JAX.",
   packages=find_packages(
-    include=["specjax", "specjax.*", "train", "train.*", "experiments", "configs"]
+    include=["specjax", "specjax.*", "train", "train.*", "configs", "configs.*"]
   ),
   package_data={
     "specjax": [

@@ -1,4 +1,5 @@
-"""Every module of the package imports on its own, first (an import cycle shows up only that way)."""
+"""Every module of the package (and of train/ and configs/) imports on its own, first (an import
+cycle shows up only that way)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pkgutil
 import subprocess
 import sys
 
+import configs
 import specjax
 import train
 
@@ -13,7 +15,7 @@ _SCRIPT = """
 import importlib, sys
 failed = []
 for name in sys.argv[1:]:
-  for loaded in [m for m in sys.modules if m.split(".")[0] in ("specjax", "train")]:
+  for loaded in [m for m in sys.modules if m.split(".")[0] in ("specjax", "train", "configs")]:
     del sys.modules[loaded]
   try:
     importlib.import_module(name)
@@ -26,7 +28,7 @@ sys.exit(1 if failed else 0)
 
 def _modules() -> list[str]:
   names = []
-  for pkg in (specjax, train):
+  for pkg in (specjax, train, configs):
     names.append(pkg.__name__)
     for info in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
       names.append(info.name)
@@ -36,6 +38,7 @@ def _modules() -> list[str]:
 def test_every_module_imports_first_in_a_fresh_package():
   names = _modules()
   assert "specjax.speculative" in names and "specjax.drafters.tree_draft_model" in names
+  assert "configs.parallel" in names and "configs.large.vicuna7b_medusa" in names
   out = subprocess.run(
     [sys.executable, "-c", _SCRIPT, *names], capture_output=True, text=True, timeout=600
   )

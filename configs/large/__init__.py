@@ -1,0 +1,1 @@
+"""Large deployments described as data (`specjax.deploy`): one config per target and method."""
