@@ -31,7 +31,7 @@ def deployments():
 
 
 def test_every_large_config_is_locked_and_names_no_hub():
-  for path in sorted(CONFIGS.glob("*.py")):
+  for path in sorted(p for p in CONFIGS.glob("*.py") if p.name != "__init__.py"):
     c = load(path.stem)
     with pytest.raises(AttributeError):
       c.not_a_field = 1
