@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Sequence
 
 import jax
+import ml_collections
 import numpy as np
 
 from specjax.experiment.methods import Method, Target, build_method, load_target
@@ -87,15 +88,13 @@ def method_settings(
   if k is not None:
     c.drafter.k = k
   for field, value in (config or {}).items():
-    node, *path = field.split(".")
-    parent = c
-    for name in [node, *path][:-1]:
-      if name not in parent:
-        raise ValueError(f"config field {field!r} does not exist (see experiment/settings.py)")
-      parent = parent[name]
-    if field.split(".")[-1] not in parent:
+    *path, leaf = field.split(".")
+    node = c
+    for name in path:
+      node = node.get(name) if isinstance(node, ml_collections.ConfigDict) else None
+    if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
       raise ValueError(f"config field {field!r} does not exist (see experiment/settings.py)")
-    parent[field.split(".")[-1]] = value
+    node[leaf] = value
   return settings_from_config(c)
 
 

@@ -273,6 +273,15 @@ def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, kind):
   assert summarize(out.metrics)["drafted"] > 0
 
 
+def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_path):
+  root = tiny[0]
+  config = tiny_config("train_peagle", root, base="")
+  config.ship.name = "tiny-peagle-nobase"
+  with pytest.raises(ValueError, match="set objective.base"):
+    pipeline.run(config, str(tmp_path / "work"), lambda _: None)
+  assert not (tmp_path / "work").exists()
+
+
 def test_shipped_loader_verifies_checksum_target_and_shapes(tiny):
   root, params, cfg = tiny[:3]
   directory = root / "shipped"
@@ -363,7 +372,7 @@ def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind):
     state = drafter.init(dp, None, toks[:, :a], jnp.asarray([a]), cap)
     got = drafter.block_logits(dp, state, seq, jnp.asarray([a + 1]))[0][0]
   else:  # the head has the target's features up to a; the pair (x_{a+1}, f_a) is pending
-    o_all = obj.outputs(tr, fr, batch)
+    o_all = obj.outputs(dp, batch)
     want = jnp.stack([head_logits(dp.eagle, o_all[0, j, a], cfg.norm_eps) for j in range(k)])
     pre = prefill(params, cfg, toks[:, : a + 1], jnp.asarray([a + 1]), cap, (0, 1))
     state = drafter.init(dp, pre, toks[:, : a + 1], jnp.asarray([a + 1]), cap)

@@ -25,6 +25,16 @@ def objective_config(objective) -> dict:
   return out
 
 
+def check_shippable(objective) -> None:
+  """Raises a ValueError for an objective whose trained part cannot stand alone: a parallel
+  drafter (an objective with a `base` field) trained over an unshipped initialisation."""
+  if getattr(objective, "base", None) == "":
+    raise ValueError(
+      f"a {objective.name} drafter ships only what it adds to a shipped base drafter; set "
+      "objective.base to that drafter's name, or ship.name='' to train without shipping"
+    )
+
+
 def export_drafter(
   directory: str,
   name: str,
@@ -50,6 +60,7 @@ def export_drafter(
   Returns:
     The metadata written.
   """
+  check_shippable(objective)
   os.makedirs(directory, exist_ok=True)
   tensors = {k: v.astype(np.float16) for k, v in flatten_trainable(trainable).items()}
   tensors["d2t"] = np.asarray(frozen["d2t"], np.int32)

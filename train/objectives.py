@@ -457,20 +457,19 @@ class PEagleObjective:
     eagle = self._eagle().params(frozen["eagle"], frozen)
     return PEagleParams(eagle, trainable["mask_layer"], trainable["mask_embed"])
 
-  def outputs(self, trainable, frozen, batch: Batch) -> jax.Array:
-    """[B, K, T, D] head outputs: depth j + 1 of every anchor."""
-    p = self.params(trainable, frozen)
+  def outputs(self, p: PEagleParams, batch: Batch) -> jax.Array:
+    """[B, K, T, D] head outputs of weights p: depth j + 1 of every anchor."""
     e = p.eagle
     g = feature(e, batch.hidden, batch.layers)
     first = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
     masks = jnp.moveaxis(mask_inputs(p, g, self.k), 2, 1)  # [B, K - 1, T, D]: anchor t's feature
-    x = jnp.concatenate([first[:, None], masks], 1)
+    x = stack_streams(first, masks)
     mask = doc_causal_mask(batch.doc)
     return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer)
 
   def loss(self, trainable, frozen, batch: Batch):
-    e = self.params(trainable, frozen).eagle
-    o = self.outputs(trainable, frozen, batch)
+    p = self.params(trainable, frozen)
+    e, o = p.eagle, self.outputs(p, batch)
     tlogp = target_logp(batch.hidden, frozen["head"])
     total, aux = 0.0, {}
     for j in range(1, self.k):  # depth 1 is the frozen head's: nothing of it trains
@@ -481,8 +480,8 @@ class PEagleObjective:
     return total, aux
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
-    e = self.params(trainable, frozen).eagle
-    o = self.outputs(trainable, frozen, batch)
+    p = self.params(trainable, frozen)
+    e, o = p.eagle, self.outputs(p, batch)
     out = {}
     for j in range(self.k):
       mask = same_doc(batch, j + 2) & ahead(batch.response, j + 1, False)

@@ -449,8 +449,12 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
   """
   s = settings_from_config(config)
   params, tcfg, tok = load_model(s.target)
-  store, manifest = ensure_features(s, params, tcfg, tok, log)
   objective = make_objective(s.objective, tcfg)
+  if s.ship_name:  # before the features and the training, not after them
+    from train.export import check_shippable
+
+    check_shippable(objective)
+  store, manifest = ensure_features(s, params, tcfg, tok, log)
   os.makedirs(workdir, exist_ok=True)
   check_workdir(workdir, s, manifest)
   vocab_path = os.path.join(workdir, "d2t.npy")

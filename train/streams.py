@@ -84,8 +84,10 @@ def stream_layer(
 
 
 def stack_streams(first: jax.Array, masks: jax.Array) -> jax.Array:
-  """[B, K, T, D]: stream 0 = first [B, T, D], stream j = the mask input masks[j - 1] ([K - 1, D])
-  at every anchor."""
+  """[B, K, T, D]: stream 0 = first [B, T, D], stream j = the depth-(j + 1) mask inputs, given per
+  anchor [B, K - 1, T, D] or the same at every anchor [K - 1, D]."""
   B, T, D = first.shape
-  rest = jnp.broadcast_to(masks.astype(first.dtype)[None, :, None, :], (B, masks.shape[0], T, D))
+  if masks.ndim == 2:
+    masks = masks[None, :, None, :]
+  rest = jnp.broadcast_to(masks.astype(first.dtype), (B, masks.shape[1], T, D))
   return jnp.concatenate([first[:, None], rest], 1)
