@@ -113,8 +113,8 @@ class SpeculativeLM:
   """
 
   def __init__(
-    self, model: str | Target = "smollm2-135m-instruct", method: str = "ar", *, k: int | None = None,
-    tree: bool = False, temperature: float = 0.0, max_new_tokens: int = 128,
+    self, model: str | Target = "smollm2-135m-instruct", method: str = "ar", *,
+    k: int | None = None, tree: bool = False, temperature: float = 0.0, max_new_tokens: int = 128,
     dtype: str = "float32", seed: int = 0, config: dict | None = None,
   ):  # fmt: skip
     name = model.name if isinstance(model, Target) else model

@@ -302,12 +302,12 @@ def warm_start(name: str, kind: str, target: Params, tcfg: ModelConfig, d2t, shi
 
   shipped = load_shipped(name, target, tcfg, shipped_dir or SHIPPED_DIR)
   if shipped.kind != kind:
-    raise ValueError(f"objective.init_from={name!r} is a {shipped.kind!r} drafter, not {kind!r}")
+    raise ValueError(f"objective.base={name!r} is a {shipped.kind!r} drafter, not {kind!r}")
   if not np.array_equal(np.asarray(shipped.params.d2t), np.asarray(d2t)):
     raise ValueError(
-      f"objective.init_from={name!r} has a draft vocabulary of {len(shipped.params.d2t)} tokens "
+      f"objective.base={name!r} has a draft vocabulary of {len(shipped.params.d2t)} tokens "
       f"that differs from this run's ({len(d2t)}); train on the corpus and data.draft_vocab it "
-      "was trained with, or drop init_from"
+      "was trained with, or pick another base"
     )
   return shipped
 

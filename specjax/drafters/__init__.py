@@ -1,6 +1,7 @@
 """Drafters: pure-function proposal mechanisms that plug into the speculative decode loop.
 
-Parallel (block) drafters are `pard` and `peagle` (`specjax.drafters.parallel`). Tree drafters live in `specjax.drafters.tree_draft_model`, `tree_heads`, `tree_eagle` and `suffix`;
+Parallel (block) drafters are `pard` and `peagle` (`specjax.drafters.parallel`). Tree drafters
+live in `specjax.drafters.tree_draft_model`, `tree_heads`, `tree_eagle` and `suffix`;
 both protocols (chain and tree) are in `specjax.drafters.base`, which imports no loop.
 """
 

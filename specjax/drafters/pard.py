@@ -1,5 +1,5 @@
 """PARD-style parallel draft LM (An et al. 2025, "PARD: Accelerating LLM Inference with Low-Cost
-PARallel Draft Model Adaptation"): a small draft LM that proposes K tokens in one forward pass.
+PARallel Draft Model Adaptation"): a small draft LM that proposes K tokens in one drafting step.
 
 The draft is `specjax.drafters.draft_lm`'s (a few Llama layers on the target's embedding, a reduced
 draft vocabulary), frozen, plus mask layers (a copy of its layers, trained) and a learned mask
