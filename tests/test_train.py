@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -153,6 +152,22 @@ def _losses(path: str) -> dict[int, list[float]]:
   return out
 
 
+# Runs train/main.py in a child that SIGKILLs itself right after it logs step 130's loss: a kill
+# at a fixed step mid-interval (checkpoints every 40), whatever the machine's speed.
+_DIE_AT_STEP = """
+import os, runpy, signal, sys
+import train.loop as loop
+write = loop.MetricsLog.write
+def write_then_die(self, record):
+  write(self, record)
+  if record.get("step") == int(os.environ["DIE_AT_STEP"]) and "loss" in record:
+    os.kill(os.getpid(), signal.SIGKILL)
+loop.MetricsLog.write = write_then_die
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def test_sigkill_and_resume_reproduces_the_loss_curve(tiny, tmp_path):
   root = tiny[0]
   overrides = {"steps": 240, "save_every": 40, "log_every": 1000, "eval_windows": 0}
@@ -161,6 +176,8 @@ def test_sigkill_and_resume_reproduces_the_loss_curve(tiny, tmp_path):
   killed = tmp_path / "killed"
   cmd = [
     sys.executable,
+    "-c",
+    _DIE_AT_STEP,
     os.path.join(REPO, "train", "main.py"),
     "--config",
     os.path.join(REPO, "configs", "train_medusa.py") + ":tiny",
@@ -168,26 +185,21 @@ def test_sigkill_and_resume_reproduces_the_loss_curve(tiny, tmp_path):
     f"--config.target={config.target}",
     f"--config.data.cache_dir={config.data.cache_dir}",
   ] + [f"--config.train.{k}={v}" for k, v in overrides.items()]
-  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  env = {**os.environ, "DIE_AT_STEP": "130", "PYTHONPATH": REPO}
+  proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
   try:
     straight = tmp_path / "straight"
     pipeline.run(config, str(straight), lambda _: None)
-    metrics = killed / "metrics.jsonl"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-      if metrics.exists() and max(_losses(str(metrics)), default=0) >= 100:
-        break
-      time.sleep(0.02)
-    assert proc.poll() is None, "the run finished before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
+    _, err = proc.communicate(timeout=600)
   finally:
     if proc.poll() is None:
       proc.kill()
+  assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+  assert max(_losses(str(killed / "metrics.jsonl"))) == 130
   lines = []
   pipeline.run(config, str(killed), lines.append)
   resumed_from = [int(x.split()[-1]) for x in lines if x.startswith("resumed from step")]
-  assert resumed_from and 40 <= resumed_from[0] < 240
+  assert resumed_from and 40 <= resumed_from[0] < 130
   ref, got = _losses(str(straight / "metrics.jsonl")), _losses(str(killed / "metrics.jsonl"))
   assert sorted(got) == sorted(ref) == list(range(1, 241))
   # The steps redone after the kill replaced their first records: one record per step.
