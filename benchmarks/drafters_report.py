@@ -1,4 +1,4 @@
-"""Every shipped drafter on real Spec-Bench prompts: cost ratio, acceptance, tau, speedup over AR.
+"""Every shipped drafter on real Spec-Bench (or held-out training-corpus) prompts: cost ratio, acceptance, tau, speedup over AR.
 
   python benchmarks/drafters_report.py --per_category=2 --max_new_tokens=128 \
     --workdir=/tmp/specjax_drafters_report
@@ -16,6 +16,10 @@ $SPECJAX_SPEC_BENCH, never copied). For each drafter it prints:
               per-position rate), and alpha_i (accepted_at / reached_at, EAGLE's conditional);
   tau         emitted tokens per target pass (bonus token included);
   speedup     Spec-Bench's mean over prompts of method tok/s over AR tok/s, same prompts.
+
+`--prompts=heldout` runs the held-out prompts of the committed training corpus instead (ShareGPT
+first turns and GSM8K train questions, `--per_category` of each): the drafters' own distribution,
+so the gap to Spec-Bench separates drafter quality from distribution shift.
 
 Every speculative output is checked against the AR output (`same as AR`). Per-prompt records go to
 WORKDIR/records.jsonl and a rerun resumes. Timings on a shared CPU are noisy; the script prints
@@ -37,7 +41,12 @@ from specjax.drafters.shipped import list_shipped, load_shipped
 from specjax.experiment.methods import Method, load_target
 from specjax.experiment.runner import Runner, run_suite
 from specjax.experiment.tables import markdown, summary_rows
-from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES, find_spec_bench, load_spec_bench
+from specjax.experiment.tasks import (
+  SPEC_BENCH_CATEGORIES,
+  Prompt,
+  find_spec_bench,
+  load_spec_bench,
+)
 from specjax.generate import GenerateConfig, pad_prompts, prefill
 from specjax.model import forward
 from specjax.sampling import SamplingConfig
@@ -52,6 +61,12 @@ _DRAFTERS = flags.DEFINE_list(
 )  # fmt: skip
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/specjax_drafters_report", "Records directory.")
 _SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl path.")
+_PROMPTS = flags.DEFINE_enum(
+  "prompts", "spec_bench", ["spec_bench", "heldout"],
+  "spec_bench: Spec-Bench's first turns; heldout: the held-out prompts of the committed training "
+  "corpus (`--per_category` per source), the distribution the drafters were trained on.",
+)  # fmt: skip
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "train", "corpora", "smollm2-sd-v1.npz")
 
 
 def _median_time(fn, *args, reps: int) -> float:
@@ -97,6 +112,31 @@ def cost_ratios(target, shipped, k: int, reps: int, context: int = 256) -> dict:
   }
 
 
+def heldout_prompts(tokenizer, per_source: int, path: str = CORPUS) -> list[Prompt]:
+  """The first `per_source` held-out documents of each source (ShareGPT, GSM8K train) of a packed
+  corpus, as one-turn prompts. Their texts are rebuilt from the corpus's own prompt order, and each
+  one's chat encoding is checked against the prompt tokens the corpus stores.
+
+  Raises:
+    ValueError: a rebuilt prompt does not encode to the corpus's tokens (other source data).
+  """
+  from train import corpus
+
+  meta = corpus.read_meta(path)
+  min_ascii = meta["manifest"]["recipe"]["min_ascii"]
+  plist = corpus.prompts_from_order(meta["prompt_order"], tokenizer, min_ascii)
+  out, taken = [], {}
+  for doc, d in enumerate(corpus.load_documents(path)):
+    p = plist[d.prompt_index]
+    if not d.heldout or taken.get(p.source, 0) >= per_source:
+      continue
+    if tuple(d.tokens[: d.prompt_len]) != tuple(p.tokens):
+      raise ValueError(f"{path}: document {doc}'s prompt is not {p.source} #{p.index} as rebuilt")
+    taken[p.source] = taken.get(p.source, 0) + 1
+    out.append(Prompt(f"heldout_{p.source}", f"heldout-{doc}", (p.text,)))
+  return out
+
+
 def parse_drafters(entries: list[str], default_k: int) -> list[tuple[str, int]]:
   """[(name, K)] from "NAME" or "NAME:K" entries (a name may come with several K)."""
   out = []
@@ -116,7 +156,8 @@ def main(argv):
     raise SystemExit("no shipped drafters in specjax/drafters/shipped")
   names, k = list(dict.fromkeys(n for n, _ in runs)), max(k for _, k in runs)
   shipped = {n: load_shipped(n, target.params, target.cfg) for n in names}
-  print(f"# Shipped drafters on Spec-Bench (greedy, batch 1, chain: {runs})\n")
+  suite = "Spec-Bench" if _PROMPTS.value == "spec_bench" else "held-out corpus prompts"
+  print(f"# Shipped drafters on {suite} (greedy, batch 1, chain: {runs})\n")
   print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
   print(
     "| drafter | kind | K | held-out top-1 (training metric) | c | propose/step "
@@ -137,15 +178,19 @@ def main(argv):
     )
   methods = [Method(f"{n}_k{kn}", shipped[n].drafter(kn), shipped[n].params) for n, kn in runs]
   gen = GenerateConfig(max_new_tokens=_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
-  prompts = load_spec_bench(
-    find_spec_bench(_SPEC_BENCH.value), SPEC_BENCH_CATEGORIES, _PER_CATEGORY.value, turns=1
-  )
+  if _PROMPTS.value == "heldout":
+    prompts = heldout_prompts(target.tokenizer, _PER_CATEGORY.value)
+  else:
+    prompts = load_spec_bench(
+      find_spec_bench(_SPEC_BENCH.value), SPEC_BENCH_CATEGORIES, _PER_CATEGORY.value, turns=1
+    )
   runner = Runner(target, methods, gen, log=lambda line: print(line, flush=True))
   settings = {
     "drafters": names,
     "k": runs,
     "per_category": _PER_CATEGORY.value,
     "max_new": _MAX_NEW.value,
+    **({"prompts": "heldout"} if _PROMPTS.value == "heldout" else {}),
   }
   records = run_suite(runner, prompts, _WORKDIR.value, settings, lambda x: print(x, flush=True))
   rows = summary_rows(records)
