@@ -1,4 +1,4 @@
-"""Every shipped drafter on real Spec-Bench (or held-out training-corpus) prompts: cost ratio, acceptance, tau, speedup over AR.
+"""Every shipped drafter on Spec-Bench (or held-out corpus) prompts: cost, acceptance, tau, speedup.
 
   python benchmarks/drafters_report.py --per_category=2 --max_new_tokens=128 \
     --workdir=/tmp/specjax_drafters_report
