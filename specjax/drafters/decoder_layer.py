@@ -11,10 +11,10 @@ SwiGLU).
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 
 from specjax.config import ModelConfig, rope_inv_freq
 from specjax.kernels import linear, linear_multi, swiglu
+from specjax.kernels.cache_attention import grouped_query_attention
 from specjax.model import LayerParams, apply_rope, rms_norm
 
 
@@ -32,13 +32,8 @@ def project_qkv(lp: LayerParams, x, positions, cfg: ModelConfig):
 def attend_and_mlp(lp: LayerParams, x, q, keys, values, mask, cfg: ModelConfig):
   """Rest of the layer: attention of q over keys/values [B,S,Hkv,Dh] under mask [B,T,S], MLP."""
   B, T = x.shape[:2]
-  G = cfg.n_heads // cfg.n_kv_heads
-  qg = q.reshape(B, T, cfg.n_kv_heads, G, cfg.head_dim)
-  s = jnp.einsum("btkgd,bskd->bkgts", qg, keys, preferred_element_type=jnp.float32)
-  s = jnp.where(mask[:, None, None], s * cfg.head_dim**-0.5, -1e30)
-  p = jax.nn.softmax(s, -1)
-  attn = jnp.einsum("bkgts,bskd->btkgd", p, values).reshape(B, T, -1)
-  return finish_layer(lp, x, attn, cfg)
+  attn = grouped_query_attention(q, keys, values, mask)  # float32 probabilities mix the values
+  return finish_layer(lp, x, attn.reshape(B, T, -1), cfg)
 
 
 def finish_layer(lp: LayerParams, x, attn, cfg: ModelConfig):

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig, rope_inv_freq
+from specjax.kernels.cache_attention import grouped_query_attention
 from specjax.loading.heads import Eagle3HeadParams, EagleHeadParams
 from specjax.model import apply_rope, rms_norm
 
@@ -33,11 +34,8 @@ def _causal_attention(h_in, wq, wk, wv, wo, positions, cfg: ModelConfig):
   q = apply_rope(_linear(h_in, wq).reshape(B, T, H, Dh), positions, inv)
   k = apply_rope(_linear(h_in, wk).reshape(B, T, Hkv, Dh), positions, inv)
   v = _linear(h_in, wv).reshape(B, T, Hkv, Dh)
-  q = q.reshape(B, T, Hkv, H // Hkv, Dh)
-  s = jnp.einsum("btkgd,bskd->bkgts", q, k) * Dh**-0.5
-  s = jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -1e30)
-  o = jnp.einsum("bkgts,bskd->btkgd", jax.nn.softmax(s, -1), v).reshape(B, T, H * Dh)
-  return _linear(o, wo)
+  o = grouped_query_attention(q, k, v, jnp.tril(jnp.ones((1, T, T), bool)))  # all float32
+  return _linear(o.reshape(B, T, H * Dh), wo)
 
 
 def _mlp(x, w_gate, w_up, w_down):

@@ -44,12 +44,36 @@ class MedusaParams:
   d2t: jax.Array
 
 
+def head_logits(h: jax.Array, w, b, head, *, broadcast_input: bool = False) -> jax.Array:
+  """Logits of K Medusa heads: per head, R residual blocks x <- x + SiLU(W x + b), then its head.
+
+  Args:
+    h: [..., D] the target's hidden state, read by every head (cast to float32).
+    w: [K, R, D, D] block weights ([out, in] layout); b: [K, R, D] their biases.
+    head: [V, D] an output matrix shared by the heads, or [K, V, D] one per head.
+    broadcast_input: copy h to every head before the first block and project the copies (the
+      order of the published heads' reference); otherwise the first block projects the shared h.
+      The two agree up to float32 rounding.
+
+  Returns:
+    [..., K, V] float32 (weights are used in their own dtypes; cast them first for float32 dots).
+  """
+  x = h.astype(jnp.float32)
+  if broadcast_input:
+    x = jnp.broadcast_to(x[..., None, :], (*x.shape[:-1], w.shape[0], x.shape[-1]))
+  for r in range(w.shape[1]):
+    if x.ndim == h.ndim:  # the shared h, before the first block
+      x = x[..., None, :] + jax.nn.silu(jnp.einsum("...d,ked->...ke", x, w[:, r]) + b[:, r])
+    else:
+      x = x + jax.nn.silu(jnp.einsum("...kd,ked->...ke", x, w[:, r]) + b[:, r])
+  if head.ndim == 2:
+    return jnp.einsum("...kd,vd->...kv", x, head)
+  return jnp.einsum("...kd,kvd->...kv", x, head)
+
+
 def medusa_logits(params: MedusaParams, h: jax.Array) -> jax.Array:
   """Draft-vocabulary logits of every head: h [..., D] -> [..., K, Vd] float32."""
-  h = h.astype(jnp.float32)
-  z = jnp.einsum("...d,ked->...ke", h, params.w) + params.b
-  out = h[..., None, :] + jax.nn.silu(z)
-  return jnp.einsum("...kd,vd->...kv", out, params.head)
+  return head_logits(h, params.w[:, None], params.b[:, None], params.head)
 
 
 @jax.tree_util.register_dataclass

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import StaticTreeShape, TreeDrafterDefaults, TreeProposal, TreeStepResult
+from specjax.drafters.medusa import head_logits, medusa_logits
 from specjax.loading.heads import MedusaHeadParams  # noqa: F401 - also exported here
 from specjax.sampling import SamplingConfig
 from specjax.trees import StaticTree, static_token_tree
@@ -39,18 +40,15 @@ CandidateSource = Callable[..., tuple[jax.Array, jax.Array | None]]
 
 def published_medusa_logits(params: MedusaHeadParams, h: jax.Array):
   """Logits [B, K, V] of published Medusa heads: per head, R x (x + SiLU(W x + b)), then its head."""
-  K = params.w.shape[0]
-  x = jnp.broadcast_to(h.astype(jnp.float32)[:, None, :], (h.shape[0], K, h.shape[-1]))
-  for r in range(params.w.shape[1]):
-    z = jnp.einsum("bkd,ked->bke", x, params.w[:, r].astype(jnp.float32)) + params.b[:, r]
-    x = x + jax.nn.silu(z)
-  return jnp.einsum("bkd,kvd->bkv", x, params.lm_head.astype(jnp.float32)), None
+  f32 = jnp.float32
+  logits = head_logits(
+    h, params.w.astype(f32), params.b, params.lm_head.astype(f32), broadcast_input=True
+  )
+  return logits, None
 
 
 def medusa_logits_source(params, h: jax.Array):
   """Adapter for `specjax.drafters.medusa.MedusaParams` (shared head over a draft vocabulary)."""
-  from specjax.drafters.medusa import medusa_logits  # the chain drafter's module
-
   return medusa_logits(params, h), params.d2t
 
 

@@ -5,7 +5,8 @@ the (row, kv-head) batch axes lead; at batch 8 those copies cost as much as the 
 a kernel reads the [L, B, S, Hkv, Dh] cache in place, scores a block of queries of one kv head
 against its keys, takes the masked softmax and mixes the values, skipping slots after the last
 visible one. Elsewhere (other platforms, prefill-sized inputs, computations partitioned over several
-devices) it is the plain einsum formulation.
+devices) it is the plain einsum formulation, `grouped_query_attention`, which the drafters' layers
+use over keys and values of their own.
 """
 
 from __future__ import annotations
@@ -19,21 +20,33 @@ from specjax.kernels.dispatch import kernel_or_fallback
 from specjax.kernels.projection import kernel_enabled
 
 
+def grouped_query_attention(q, k, v, mask, probs_dtype=None):
+  """Plain-JAX attention of q [B, T, H, Dh] over k, v [B, S, Hkv, Dh] under mask [B, T, S].
+
+  The H query heads are grouped over the Hkv key/value heads; the mask is boolean and broadcasts
+  against [B, T, S] (a [1, T, S] mask serves every row). Scores and softmax are float32; the
+  probabilities are cast to probs_dtype (None: kept float32) for the value mix, whose dtype the
+  output [B, T, H, Dh] has. A fully masked query averages all slots.
+  """
+  B, T, H, Dh = q.shape
+  Hkv = k.shape[2]
+  qg = q.reshape(B, T, Hkv, H // Hkv, Dh)
+  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, None], scores * (Dh**-0.5), -1e30)
+  probs = jax.nn.softmax(scores, axis=-1)
+  if probs_dtype is not None:
+    probs = probs.astype(probs_dtype)
+  return jnp.einsum("bkgts,bskd->btkgd", probs, v).reshape(B, T, H, Dh)
+
+
 def reference(q, k_all, v_all, layer, mask):
   """Plain-JAX attention: q [B, T, H, Dh], caches [L, B, S, Hkv, Dh], mask [B, T, S] -> [B, T, H, Dh].
 
-  Scores and softmax in float32; probabilities are cast to q's dtype for the value mix. A fully
-  masked query averages all slots (the kernel gives it zeros).
+  `grouped_query_attention` over the layer's cache, probabilities cast to q's dtype for the value
+  mix. A fully masked query averages all slots (the kernel gives it zeros).
   """
-  B, T, H, Dh = q.shape
-  Hkv = k_all.shape[3]
-  k_layer, v_layer = k_all[layer], v_all[layer]  # [B, S, Hkv, Dh]
-  qg = q.reshape(B, T, Hkv, H // Hkv, Dh)
-  scores = jnp.einsum("btkgd,bskd->bkgts", qg, k_layer, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, None], scores * (Dh**-0.5), -1e30)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  out = jnp.einsum("bkgts,bskd->btkgd", probs, v_layer)
-  return out.reshape(B, T, H, Dh).astype(q.dtype)
+  out = grouped_query_attention(q, k_all[layer], v_all[layer], mask, probs_dtype=q.dtype)
+  return out.astype(q.dtype)
 
 
 def _call(q, k_all, v_all, layer, mask):
