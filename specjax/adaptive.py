@@ -42,6 +42,7 @@ import jax.numpy as jnp
 
 from specjax.decode import DecodeState, target_step
 from specjax.drafters.base import StepResult
+from specjax.kernels import build as kernels_build
 
 
 @dataclasses.dataclass(frozen=True)
@@ -363,7 +364,8 @@ def observer(drafter, params, width: int, stateless: bool, sampling, tree: bool 
 
 
 def machine_id() -> dict:
-  """What a measured cost table depends on besides the model: CPU model and accelerator kind."""
+  """What a measured cost table depends on besides the model: CPU model, accelerator kind, and on
+  CPU which kernel code runs (a changed kernel invalidates the tables timed with the old one)."""
   cpu = platform.processor() or platform.machine()
   try:
     with open("/proc/cpuinfo") as f:
@@ -378,6 +380,7 @@ def machine_id() -> dict:
     "cpu": cpu,
     "device": f"{dev.platform} {dev.device_kind}",
     "n_devices": jax.device_count(),
+    **({"cpu_kernels": kernels_build.version()} if dev.platform == "cpu" else {}),
   }
 
 

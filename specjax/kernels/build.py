@@ -111,6 +111,12 @@ def library() -> ctypes.CDLL | None:
   return _library[0] if load() else None
 
 
+def version() -> str:
+  """Which kernel code runs: the library's name (a hash of its sources, flags, jaxlib and CPU
+  flags), or "off" when the plain-JAX path is used. Part of what measured costs depend on."""
+  return _library_path().stem if load() else "off"
+
+
 def unavailable_reason() -> str | None:
   """Why `load()` returned False (None if it has not failed)."""
   return _reason[-1] if _reason else None
