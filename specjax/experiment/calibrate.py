@@ -1,19 +1,22 @@
 """The adaptive loop's cost table for one method on this machine: timed once, cached as JSON.
 
-`measure_costs` prefills a batch of random prompts, then times (jitted, warmed up, median of a few
-calls) on that cache: the target pass over K + 1 tokens for each choice K (over the drafter's
-tree for the tree loop), the drafter's `propose` at each K > 0 (the tree's), and what an AR step of
-the adaptive loop spends keeping the drafter current (`specjax.adaptive.observer`: nothing for
-stateless drafters and for draft models, which catch up lazily). Every cost is divided by the one-token pass (an
-AR step). `with_costs` gives a method a JSON file's table, or `CalibratedCosts`: for each padded
-prompt width the runner meets, the table cached under the specjax cache root, keyed by model,
-dtype, batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measured
-the first time.
+`measure_costs` prefills a batch of random prompts, then times on that cache (jitted, warmed up,
+in round-robin rounds; each cost is the median of its per-round ratio to the AR step): the target
+pass over K + 1 tokens for each choice K (over the drafter's tree for the tree loop), the
+drafter's `propose` at each K > 0 (the tree's), and what an AR step of the adaptive loop spends
+keeping the drafter current (`specjax.adaptive.observer`: nothing for stateless drafters and for
+draft models, which catch up lazily). Every cost is divided by the one-token pass (an AR step).
+`with_costs` gives a method a JSON file's table, or `CalibratedCosts`: for each padded prompt
+width the runner meets, the table cached under the specjax cache root, keyed by model, dtype,
+batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measured the
+first time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 from collections.abc import Callable
 
 import jax
@@ -21,7 +24,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax import adaptive as adp
-from specjax.experiment.costs import median_time
 from specjax.experiment.methods import Method, Target
 from specjax.experiment.settings import ExperimentSettings
 from specjax.generate import init_sequence, prefill
@@ -30,19 +32,40 @@ from specjax.sampling import SamplingConfig
 from specjax.speculative import hidden_layers_of
 
 GREEDY = SamplingConfig()
+# How `measure_costs` times (in every cache key: tables timed another way are measured again).
+# 2: round-robin rounds, per-round ratios, the cache donated and threaded.
+TIMING_VERSION = 2
+
+
+def round_robin_times(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, np.ndarray]:
+  """Seconds of each call of each jitted `fn`: every fn is called once to compile, then `rounds`
+  rounds call each once, alternating direction, so drift on a shared machine hits all alike."""
+  for fn in fns.values():
+    jax.block_until_ready(fn())
+  names, times = list(fns), {name: [] for name in fns}
+  for r in range(rounds):
+    for name in names if r % 2 == 0 else names[::-1]:
+      t0 = time.perf_counter()
+      jax.block_until_ready(fns[name]())
+      times[name].append(time.perf_counter() - t0)
+  return {name: np.asarray(t) for name, t in times.items()}
 
 
 def measure_costs(
-  target: Target, method: Method, batch: int = 1, width: int = 64, reps: int = 5
+  target: Target, method: Method, batch: int = 1, width: int = 64, reps: int = 9
 ) -> adp.CostTable:
   """Times `method`'s step variants on this machine (see the module docstring).
+
+  Every cost is the median over rounds of its time over the same round's AR step (calls timed
+  round-robin). Target passes update the cache in place as in the decode loop (it is donated and
+  threaded from call to call, its lengths reset), so no call pays for a copy of the cache.
 
   Args:
     target: the target model.
     method: an adaptive method (`method.adaptive` set).
     batch: rows per call.
     width: prompt tokens per row.
-    reps: timed calls per measurement (after one warm-up call).
+    reps: timed rounds (after one warm-up call of each measurement).
   """
   params, cfg, drafter, dp = target.params, target.cfg, method.drafter, method.draft_params
   ks, tree = method.adaptive.ks, method.loop == "tree"
@@ -55,46 +78,51 @@ def measure_costs(
   pre = prefill(params, cfg, prompts, lens, capacity, layers)
   first = jnp.argmax(pre.logits, -1).astype(jnp.int32)
   seq = init_sequence(prompts, lens, capacity).at[jnp.arange(batch), lens].set(first)
-  seq_len, cache, key = lens + 1, pre.cache, jax.random.PRNGKey(0)
+  seq_len, key = lens + 1, jax.random.PRNGKey(0)
   state = drafter.init(dp, pre, prompts, lens, capacity)
   stateless = not jax.tree.leaves(state)
+  obs_width = drafter.max_depth + 1 if tree else drafter.k + 1
+  observer = adp.observer(drafter, dp, obs_width, stateless, GREEDY, tree)
 
-  @jax.jit
-  def verify(p, c, tokens, positions=None, mask=None):
-    return forward(p, tokens, c, cfg, positions=positions, new_mask=mask, hidden_layers=layers)
+  @functools.partial(jax.jit, donate_argnums=1, static_argnames="observe")
+  def verify(p, c, tokens, positions=None, mask=None, observe=False):
+    out = forward(p, tokens, c, cfg, positions=positions, new_mask=mask, hidden_layers=layers)
+    if observe:  # an AR step of the adaptive loop: the pass, then the drafter kept current
+      m = jnp.ones_like(seq_len)
+      st = observer(state, seq, seq_len, seq, seq_len + m, m, out, key)
+      return jax.tree.leaves(st) + [out.logits], out.cache.with_lengths(c.lengths)
+    return out.logits, out.cache.with_lengths(c.lengths)
 
-  ar = median_time(lambda: verify(params, cache, first[:, None]).logits, reps)
+  cache = [pre.cache]  # threaded through the donating calls
 
-  @jax.jit
-  def observe(p, dp, st, c, s, n):
-    out = verify(p, c, first[:, None])
-    m = jnp.ones_like(n)
-    width = drafter.max_depth + 1 if tree else drafter.k + 1
-    fn = adp.observer(drafter, dp, width, stateless, GREEDY, tree)
-    return fn(st, s, n, s, n + m, m, out, key)
+  def target_pass(tokens, positions=None, mask=None, observe=False):
+    def call():
+      out, cache[0] = verify(params, cache[0], tokens, positions, mask, observe=observe)
+      return out
 
-  skip = 0.0 if stateless else median_time(lambda: observe(params, dp, state, cache, seq, seq_len),
-                                            reps) / ar - 1.0  # fmt: skip
+    return call
+
+  fns = {"ar": target_pass(first[:, None])}
+  if not stateless:
+    fns["observe"] = target_pass(first[:, None], observe=True)
   if tree:
     propose = jax.jit(lambda dp, st, s, n: drafter.propose(dp, st, s, n, key, GREEDY).tree)
     t = propose(dp, state, seq, seq_len)
-    pos = (seq_len - 1)[:, None] + t.depth
-    v = median_time(lambda: verify(params, cache, t.tokens, pos, t.mask).logits, reps)
-    d = median_time(lambda: propose(dp, state, seq, seq_len).tokens, reps)
-    return adp.CostTable(ks, (1.0, v / ar), (max(skip, 0.0), d / ar))
-  verify_costs, draft_costs = [], []
-  for k in ks:
-    if k == 0:  # the AR step itself
-      verify_costs.append(1.0)
-      draft_costs.append(max(skip, 0.0))
-      continue
-    tokens = jnp.concatenate([first[:, None]] * (k + 1), 1)
-    t_verify = median_time(lambda t=tokens: verify(params, cache, t).logits, reps)
-    verify_costs.append(t_verify / ar)
-    dk = dataclasses.replace(drafter, k=k)
-    propose = jax.jit(lambda dp, st, s, n, dk=dk: dk.propose(dp, st, s, n, key, GREEDY).tokens)
-    t_draft = median_time(lambda f=propose: f(dp, state, seq, seq_len), reps)
-    draft_costs.append(t_draft / ar)
+    fns["verify"] = target_pass(t.tokens, (seq_len - 1)[:, None] + t.depth, t.mask)
+    fns["draft"] = lambda: propose(dp, state, seq, seq_len).tokens
+  else:
+    for k in ks[1:] if ks[0] == 0 else ks:
+      fns[f"verify{k}"] = target_pass(jnp.concatenate([first[:, None]] * (k + 1), 1))
+      dk = dataclasses.replace(drafter, k=k)
+      propose = jax.jit(lambda dp, st, s, n, dk=dk: dk.propose(dp, st, s, n, key, GREEDY).tokens)
+      fns[f"draft{k}"] = lambda f=propose: f(dp, state, seq, seq_len)
+  times = round_robin_times(fns, reps)
+  ratio = lambda name: float(np.median(times[name] / times["ar"]))  # noqa: E731
+  skip = max(ratio("observe") - 1.0, 0.0) if not stateless else 0.0
+  if tree:
+    return adp.CostTable(ks, (1.0, ratio("verify")), (skip, ratio("draft")))
+  verify_costs = [1.0 if k == 0 else ratio(f"verify{k}") for k in ks]
+  draft_costs = [skip if k == 0 else ratio(f"draft{k}") for k in ks]
   return adp.CostTable(ks, tuple(verify_costs), tuple(draft_costs))
 
 
@@ -113,7 +141,9 @@ class CalibratedCosts:
   def key(self, width: int) -> dict:
     s, d, m = self.settings, self.settings.drafter, self.method
     drafter = f"{m.name}|{m.loop}|{d.model}|{d.shipped}"
-    return adp.cost_key(s.model, s.dtype, 1, drafter, m.adaptive.ks, width=int(width))
+    return adp.cost_key(
+      s.model, s.dtype, 1, drafter, m.adaptive.ks, width=int(width), timing=TIMING_VERSION
+    )
 
   def __call__(self, width: int) -> adp.CostTable:
     if width not in self.tables:
