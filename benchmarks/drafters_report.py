@@ -66,6 +66,7 @@ _PROMPTS = flags.DEFINE_enum(
   "spec_bench: Spec-Bench's first turns; heldout: the held-out prompts of the committed training "
   "corpus (`--per_category` per source), the distribution the drafters were trained on.",
 )  # fmt: skip
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "train", "corpora", "smollm2-sd-v1.npz")
 
 
@@ -150,14 +151,14 @@ def parse_drafters(entries: list[str], default_k: int) -> list[tuple[str, int]]:
 
 def main(argv):
   del argv
-  target = load_target("smollm2-135m-instruct")
+  target = load_target("smollm2-135m-instruct", _DTYPE.value)
   runs = parse_drafters(_DRAFTERS.value or list_shipped(), _K.value)
   if not runs:
     raise SystemExit("no shipped drafters in specjax/drafters/shipped")
   names, k = list(dict.fromkeys(n for n, _ in runs)), max(k for _, k in runs)
   shipped = {n: load_shipped(n, target.params, target.cfg) for n in names}
   suite = "Spec-Bench" if _PROMPTS.value == "spec_bench" else "held-out corpus prompts"
-  print(f"# Shipped drafters on {suite} (greedy, batch 1, chain: {runs})\n")
+  print(f"# Shipped drafters on {suite} (greedy, batch 1, {_DTYPE.value}, chain: {runs})\n")
   print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
   print(
     "| drafter | kind | K | held-out top-1 (training metric) | c | propose/step "
@@ -190,6 +191,7 @@ def main(argv):
     "k": runs,
     "per_category": _PER_CATEGORY.value,
     "max_new": _MAX_NEW.value,
+    **({"dtype": _DTYPE.value} if _DTYPE.value != "float32" else {}),
     **({"prompts": "heldout"} if _PROMPTS.value == "heldout" else {}),
   }
   records = run_suite(runner, prompts, _WORKDIR.value, settings, lambda x: print(x, flush=True))
