@@ -67,6 +67,10 @@ _PROMPTS = flags.DEFINE_enum(
   "corpus (`--per_category` per source), the distribution the drafters were trained on.",
 )  # fmt: skip
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
+_WEIGHTS = flags.DEFINE_list(
+  "weights_dtype", ["float32"],
+  "Drafter weight dtypes to run, each drafter in each (bfloat16 runs are named NAME_kK_bf16w).",
+)  # fmt: skip
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "train", "corpora", "smollm2-sd-v1.npz")
 
 
@@ -156,7 +160,15 @@ def main(argv):
   if not runs:
     raise SystemExit("no shipped drafters in specjax/drafters/shipped")
   names, k = list(dict.fromkeys(n for n, _ in runs)), max(k for _, k in runs)
-  shipped = {n: load_shipped(n, target.params, target.cfg) for n in names}
+  tag = {"float32": "", "bfloat16": "_bf16w"}
+  if set(_WEIGHTS.value) - set(tag):
+    raise SystemExit(f"--weights_dtype {_WEIGHTS.value}: each must be float32 or bfloat16")
+  shipped = {
+    (n, w): load_shipped(n, target.params, target.cfg, weights_dtype=w)
+    for n in names
+    for w in _WEIGHTS.value
+  }
+  runs = [(n, kn, w) for n, kn in runs for w in _WEIGHTS.value]
   suite = "Spec-Bench" if _PROMPTS.value == "spec_bench" else "held-out corpus prompts"
   print(f"# Shipped drafters on {suite} (greedy, batch 1, {_DTYPE.value}, chain: {runs})\n")
   print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
@@ -165,8 +177,8 @@ def main(argv):
     "| verify/step | step ms |"
   )
   print("|---|---|---:|---|---:|---:|---:|---:|")
-  for n, kn in runs:
-    s = shipped[n]
+  for n, kn, w in runs:
+    s = shipped[n, w]
     cst = cost_ratios(target, s, kn, _REPS.value)
     held = ", ".join(
       f"{a} {b:.3f}" for a, b in s.metadata["heldout"].items() if a.startswith("top1")
@@ -174,10 +186,13 @@ def main(argv):
     if "simulated_tau" in s.metadata["heldout"]:
       held += f"; simulated tau {s.metadata['heldout']['simulated_tau']:.2f}"
     print(
-      f"| {n} | {s.kind} | {kn} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
+      f"| {n}{tag[w]} | {s.kind} | {kn} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
       f"| {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
     )
-  methods = [Method(f"{n}_k{kn}", shipped[n].drafter(kn), shipped[n].params) for n, kn in runs]
+  methods = [
+    Method(f"{n}_k{kn}{tag[w]}", shipped[n, w].drafter(kn), shipped[n, w].params)
+    for n, kn, w in runs
+  ]
   gen = GenerateConfig(max_new_tokens=_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
   if _PROMPTS.value == "heldout":
     prompts = heldout_prompts(target.tokenizer, _PER_CATEGORY.value)
@@ -188,7 +203,8 @@ def main(argv):
   runner = Runner(target, methods, gen, log=lambda line: print(line, flush=True))
   settings = {
     "drafters": names,
-    "k": runs,
+    "k": [(n, kn) for n, kn, _ in runs],
+    **({"weights_dtype": _WEIGHTS.value} if _WEIGHTS.value != ["float32"] else {}),
     "per_category": _PER_CATEGORY.value,
     "max_new": _MAX_NEW.value,
     **({"dtype": _DTYPE.value} if _DTYPE.value != "float32" else {}),

@@ -32,6 +32,29 @@ def test_methods_by_name_equal_ar_row_by_row(target):
       assert sum(c.metrics["accepted"] for c in out) > 0, method
 
 
+@pytest.mark.parametrize(
+  "name", ["eagle3-smollm2-135m", "medusa4-smollm2-135m", "pard-smollm2-135m"]
+)
+def test_bfloat16_drafter_weights_keep_the_output(target, name):
+  import jax
+  import jax.numpy as jnp
+
+  ar = SpeculativeLM(target, "ar", max_new_tokens=24).generate(QUESTIONS)
+  config = {"drafter.weights_dtype": "bfloat16"}
+  lm = SpeculativeLM(target, name, k=3, max_new_tokens=24, config=config)
+  target_ids = {id(x) for x in jax.tree.leaves(target.params)}
+  own = [x for x in jax.tree.leaves(lm.method.draft_params) if id(x) not in target_ids]
+  matrices = [x for x in own if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating)]
+  assert matrices and all(x.dtype == jnp.bfloat16 for x in matrices)
+  assert all(x.dtype != jnp.bfloat16 for x in own if x.ndim < 2)  # norms and biases stay
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(target.params))
+  out = lm.generate(QUESTIONS)
+  assert [c.tokens for c in out] == [c.tokens for c in ar]
+  assert sum(c.metrics["accepted"] for c in out) > 0
+  with pytest.raises(ValueError, match="weights_dtype must be float32 or bfloat16"):
+    method_settings("smollm2-135m-instruct", name, config={"drafter.weights_dtype": "fp8"})
+
+
 def test_a_multi_turn_chat_is_a_list_of_messages(target):
   lm = SpeculativeLM(target, "ar", max_new_tokens=8)
   chat = [

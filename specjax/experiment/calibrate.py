@@ -140,7 +140,7 @@ class CalibratedCosts:
 
   def key(self, width: int) -> dict:
     s, d, m = self.settings, self.settings.drafter, self.method
-    drafter = f"{m.name}|{m.loop}|{d.model}|{d.shipped}"
+    drafter = f"{m.name}|{m.loop}|{d.model}|{d.shipped}|{d.weights_dtype}"
     return adp.cost_key(
       s.model, s.dtype, 1, drafter, m.adaptive.ks, width=int(width), timing=TIMING_VERSION
     )

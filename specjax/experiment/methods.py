@@ -133,8 +133,9 @@ def describe_method(settings: ExperimentSettings, method: Method | None) -> str:
 static_tree = default_static_tree  # the tree.kind=static / heads topology
 
 
-def load_shipped_drafter(name: str, target: Target):
-  """A shipped drafter (`specjax/drafters/shipped`) for `target`, with a clear error if absent."""
+def load_shipped_drafter(name: str, target: Target, weights_dtype: str = "float32"):
+  """A shipped drafter (`specjax/drafters/shipped`) for `target`, with a clear error if absent;
+  `weights_dtype` as in `load_shipped`."""
   from specjax.drafters.shipped import ShippedDrafterError, list_shipped, load_shipped
 
   if name not in list_shipped():
@@ -142,7 +143,7 @@ def load_shipped_drafter(name: str, target: Target):
       f"shipped drafter {name!r} is not in this checkout (specjax/drafters/shipped has "
       f"{list_shipped()}); train it (see configs/train_*.py) or pick another"
     )
-  return load_shipped(name, target.params, target.cfg)
+  return load_shipped(name, target.params, target.cfg, weights_dtype=weights_dtype)
 
 
 def _draft_model(settings, target, load_model):
@@ -171,7 +172,7 @@ SHIPPED_TREES = {"eagle": ("eagle",), "heads": ("medusa", "pard", "peagle")}
 def _tree_method(settings, target, load_model, name: str) -> Method:
   t = settings.tree
   if t.kind in SHIPPED_TREES:  # the shipped drafter's own tree form (`DrafterKind.tree`)
-    shipped = load_shipped_drafter(settings.drafter.shipped, target)
+    shipped = load_shipped_drafter(settings.drafter.shipped, target, settings.drafter.weights_dtype)
     if shipped.kind not in SHIPPED_TREES[t.kind]:
       raise ValueError(
         f"tree.kind={t.kind} needs a drafter of kind {' or '.join(SHIPPED_TREES[t.kind])}; "
@@ -250,7 +251,7 @@ def _build_method(settings, target, load_model) -> Method | None:
   if settings.method == "suffix":
     return _suffix_method(settings, name, rule)
   if settings.method == "shipped":
-    shipped = load_shipped_drafter(d.shipped, target)
+    shipped = load_shipped_drafter(d.shipped, target, d.weights_dtype)
     return Method(name, shipped.drafter(d.k), shipped.params, rule)
   if settings.method == "tree":
     if settings.rule != "auto":

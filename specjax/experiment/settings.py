@@ -48,6 +48,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.drafter.shipped = (
     ""  # shipped: a drafter in specjax/drafters/shipped (e.g. "medusa4-smollm2-135m")
   )
+  # shipped drafters: their own matrices in bfloat16 (half the bytes per drafting step: EAGLE-3's
+  # c 0.075 -> 0.051 at K = 2 with the same acceptance, benchmarks/RESULTS.md) or float32; the
+  # output is the target's either way
+  c.drafter.weights_dtype = "bfloat16"
   c.tree = ml_collections.ConfigDict()
   # static / dynamic (EAGLE-2) over a draft model; heads: static over Medusa heads or a parallel
   # drafter's block (pard, peagle); eagle: EAGLE-2 dynamic tree over a shipped EAGLE head
@@ -104,6 +108,7 @@ class DrafterSettings:
   model: str = ""
   n_layers: int = 0
   shipped: str = ""
+  weights_dtype: str = "float32"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,6 +183,8 @@ class ExperimentSettings:
     d = dataclasses.asdict(self)
     if not self.adaptive.on:  # runs without it keep the settings.json they had before it existed
       d.pop("adaptive")
+    if self.drafter.weights_dtype == "float32":  # runs from before the field drafted in float32
+      d["drafter"].pop("weights_dtype")
     return d
 
 
@@ -216,6 +223,10 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
   if config.suffix.form not in SUFFIX_FORMS:
     raise ValueError(
       f"config.suffix.form must be one of {SUFFIX_FORMS}, got {config.suffix.form!r}"
+    )
+  if config.drafter.weights_dtype not in ("float32", "bfloat16"):
+    raise ValueError(
+      f"config.drafter.weights_dtype must be float32 or bfloat16, got {config.drafter.weights_dtype!r}"
     )
   if config.data.turns not in (1, 2):
     raise ValueError(f"config.data.turns must be 1 or 2, got {config.data.turns}")

@@ -19,6 +19,7 @@ import json
 import os
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from safetensors.numpy import load_file
@@ -116,13 +117,43 @@ def _verified_tensors(meta: dict, directory: str, target_cfg: ModelConfig) -> di
   return tensors
 
 
+WEIGHTS_DTYPES = ("float32", "bfloat16")
+
+
+def cast_weights(params, dtype: str, keep: Params):
+  """`params` with every float matrix (>= 2-D) in `dtype`, except the arrays of `keep` (the
+  target's, which a drafter may share) and vectors (norms, biases), which stay as they are.
+
+  bfloat16 halves the bytes a drafting step streams. The CPU kernels read bfloat16 weights
+  against float32 activations, and the drafts change slightly. Acceptance keeps the output the
+  target's either way.
+  """
+  if dtype not in WEIGHTS_DTYPES:
+    raise ValueError(f"drafter weights dtype {dtype!r}: choose from {WEIGHTS_DTYPES}")
+  if dtype == "float32":
+    return params
+  shared = {id(x) for x in jax.tree.leaves(keep)}
+
+  def cast(x):
+    if id(x) in shared or x.ndim < 2 or not jnp.issubdtype(x.dtype, jnp.floating):
+      return x
+    return x.astype(dtype)
+
+  return jax.tree.map(cast, params)
+
+
 def load_shipped(
-  name: str, target_params: Params, target_cfg: ModelConfig, directory: str = SHIPPED_DIR
-) -> ShippedDrafter:
+  name: str, target_params: Params, target_cfg: ModelConfig, directory: str = SHIPPED_DIR,
+  weights_dtype: str = "float32",
+) -> ShippedDrafter:  # fmt: skip
   """Loads and verifies shipped drafter `name` for the given target.
+
+  weights_dtype: "float32" (the default), or "bfloat16" for the drafter's own matrices
+  (`cast_weights`).
 
   Raises:
     ShippedDrafterError: unknown name, checksum mismatch, wrong target, or a shape mismatch.
+    ValueError: an unknown weights_dtype.
   """
   meta = read_metadata(name, directory)
   tensors = _verified_tensors(meta, directory, target_cfg)
@@ -142,7 +173,9 @@ def load_shipped(
   except ValueError as e:
     raise ShippedDrafterError(str(e)) from None
   cfg = head_config(meta) if kind.head_cfg else None
-  params = kind.params(t, d2t, out_matrix, target_params)
+  params = cast_weights(
+    kind.params(t, d2t, out_matrix, target_params), weights_dtype, target_params
+  )
   return ShippedDrafter(name, kind.name, params, meta, cfg)
 
 
