@@ -69,7 +69,8 @@ _PROMPTS = flags.DEFINE_enum(
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
 _WEIGHTS = flags.DEFINE_list(
   "weights_dtype", ["float32"],
-  "Drafter weight dtypes to run, each drafter in each (bfloat16 runs are named NAME_kK_bf16w).",
+  "Drafter weight dtypes to run, each drafter in each (bfloat16 runs are named NAME_kK_bf16w; "
+  "experiments default to bfloat16, this report to float32 so that its earlier runs repeat).",
 )  # fmt: skip
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "train", "corpora", "smollm2-sd-v1.npz")
 

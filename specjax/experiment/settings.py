@@ -12,6 +12,7 @@ import os
 
 import ml_collections
 
+from specjax.drafters.shipped import WEIGHTS_DTYPES
 from specjax.experiment.packaged import DEFAULT_CATEGORIES
 from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES
 from specjax.generate import GenerateConfig
@@ -108,7 +109,7 @@ class DrafterSettings:
   model: str = ""
   n_layers: int = 0
   shipped: str = ""
-  weights_dtype: str = "float32"
+  weights_dtype: str = "bfloat16"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,9 +225,10 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     raise ValueError(
       f"config.suffix.form must be one of {SUFFIX_FORMS}, got {config.suffix.form!r}"
     )
-  if config.drafter.weights_dtype not in ("float32", "bfloat16"):
+  if config.drafter.weights_dtype not in WEIGHTS_DTYPES:
     raise ValueError(
-      f"config.drafter.weights_dtype must be float32 or bfloat16, got {config.drafter.weights_dtype!r}"
+      f"config.drafter.weights_dtype must be one of {WEIGHTS_DTYPES}, "
+      f"got {config.drafter.weights_dtype!r}"
     )
   if config.data.turns not in (1, 2):
     raise ValueError(f"config.data.turns must be 1 or 2, got {config.data.turns}")
