@@ -86,13 +86,15 @@ def nnx_target():
   return NNXTarget.split(TinyGPT(0), n_layers=L, n_kv_heads=H, head_dim=D // H)
 
 
-def _host_greedy(target, state, prompt, n):
-  """The known answer: argmax chains from full, uncached forward passes."""
+def _host_greedy(target, state, prompt, n, width=32):
+  """The known answer: argmax chains from full, uncached forward passes. Each pass runs the
+  sequence right-padded to `width` (one compiled shape); causal attention leaves the real
+  positions' logits as they would be unpadded."""
+  logits = jax.jit(lambda s, t: target.forward(s, t, target.init_cache(1, width)).logits)
   seq = list(prompt)
   for _ in range(n):
-    toks = jnp.asarray(seq)[None]
-    out = target.forward(state, toks, target.init_cache(1, len(seq)))
-    seq.append(int(jnp.argmax(out.logits[0, -1])))
+    toks = jnp.asarray(seq + [0] * (width - len(seq)))[None]
+    seq.append(int(jnp.argmax(logits(state, toks)[0, len(seq) - 1])))
   return seq[len(prompt) :]
 
 
