@@ -82,37 +82,43 @@ def measure_costs(
   state = drafter.init(dp, pre, prompts, lens, capacity)
   stateless = not jax.tree.leaves(state)
   obs_width = drafter.max_depth + 1 if tree else drafter.k + 1
-  observer = adp.observer(drafter, dp, obs_width, stateless, GREEDY, tree)
 
-  @functools.partial(jax.jit, donate_argnums=1, static_argnames="observe")
-  def verify(p, c, tokens, positions=None, mask=None, observe=False):
+  def target_pass(p, c, tokens, positions, mask):
     out = forward(p, tokens, c, cfg, positions=positions, new_mask=mask, hidden_layers=layers)
-    if observe:  # an AR step of the adaptive loop: the pass, then the drafter kept current
-      m = jnp.ones_like(seq_len)
-      st = observer(state, seq, seq_len, seq, seq_len + m, m, out, key)
-      return jax.tree.leaves(st) + [out.logits], out.cache.with_lengths(c.lengths)
-    return out.logits, out.cache.with_lengths(c.lengths)
+    return out, out.cache.with_lengths(c.lengths)
+
+  @functools.partial(jax.jit, donate_argnums=1)
+  def verify(p, c, tokens, positions=None, mask=None):
+    out, c = target_pass(p, c, tokens, positions, mask)
+    return out.logits, c
+
+  @functools.partial(jax.jit, donate_argnums=1)
+  def ar_step(p, c, tokens, dp, st, s, n):  # an AR step of the adaptive loop: drafter kept current
+    out, c = target_pass(p, c, tokens, None, None)
+    m = jnp.ones_like(n)
+    observe = adp.observer(drafter, dp, obs_width, stateless, GREEDY, tree)
+    return (observe(st, s, n, s, n + m, m, out, key), out.logits), c
 
   cache = [pre.cache]  # threaded through the donating calls
 
-  def target_pass(tokens, positions=None, mask=None, observe=False):
+  def threaded(fn, *args):
     def call():
-      out, cache[0] = verify(params, cache[0], tokens, positions, mask, observe=observe)
+      out, cache[0] = fn(params, cache[0], *args)
       return out
 
     return call
 
-  fns = {"ar": target_pass(first[:, None])}
+  fns = {"ar": threaded(verify, first[:, None])}
   if not stateless:
-    fns["observe"] = target_pass(first[:, None], observe=True)
+    fns["observe"] = threaded(ar_step, first[:, None], dp, state, seq, seq_len)
   if tree:
     propose = jax.jit(lambda dp, st, s, n: drafter.propose(dp, st, s, n, key, GREEDY).tree)
     t = propose(dp, state, seq, seq_len)
-    fns["verify"] = target_pass(t.tokens, (seq_len - 1)[:, None] + t.depth, t.mask)
+    fns["verify"] = threaded(verify, t.tokens, (seq_len - 1)[:, None] + t.depth, t.mask)
     fns["draft"] = lambda: propose(dp, state, seq, seq_len).tokens
   else:
     for k in ks[1:] if ks[0] == 0 else ks:
-      fns[f"verify{k}"] = target_pass(jnp.concatenate([first[:, None]] * (k + 1), 1))
+      fns[f"verify{k}"] = threaded(verify, jnp.concatenate([first[:, None]] * (k + 1), 1))
       dk = dataclasses.replace(drafter, k=k)
       propose = jax.jit(lambda dp, st, s, n, dk=dk: dk.propose(dp, st, s, n, key, GREEDY).tokens)
       fns[f"draft{k}"] = lambda f=propose: f(dp, state, seq, seq_len)
