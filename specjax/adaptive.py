@@ -40,6 +40,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from specjax.branching import run_one_of
 from specjax.decode import DecodeState, target_step
 from specjax.drafters.base import StepResult
 from specjax.kernels import build as kernels_build
@@ -213,21 +214,6 @@ class AdaptiveTrace:
   ks: jax.Array
 
 
-def run_one_of(i: jax.Array, steps: Sequence[Callable[[Any], Any]], state: Any) -> Any:
-  """steps[i](state), for a traced i: `lax.switch` semantics, as one `while_loop` per step that
-  runs once or not at all.
-
-  Why not `lax.switch`: XLA cannot update a conditional's operands in place, so every step copied
-  the KV caches into and out of the chosen branch (4 cache-sized copies per step in the compiled
-  CPU loop); a while loop's carry is updated in place (none; `tests/test_adaptive.py` checks).
-  """
-  for j, step in enumerate(steps):
-    state, _ = jax.lax.while_loop(
-      lambda c: c[1], lambda c, f=step: (f(c[0]), False), (state, i == j)
-    )
-  return state
-
-
 def run_adaptive(
   state: Any,
   steps: Sequence[Callable[[Any], Any]],
@@ -343,10 +329,10 @@ def observer(drafter, params, width: int, stateless: bool, sampling, tree: bool 
   """How an AR step of the adaptive loop keeps the drafter's state current (`ar_step`'s observe).
 
   Stateless drafters (prompt lookup, suffix): nothing. Others: their `observe`
-  (`specjax.drafters.base`: draft models do nothing there and catch up lazily; EAGLE runs one
-  head-layer pass over its pending features; Medusa takes the new hidden state; other chain
-  drafters make a discarded k = 1 proposal, then commit), given the AR step as a step whose draft
-  was rejected. The cost is `CostTable.draft[0]`.
+  (`specjax.drafters.base`: draft models do nothing there and catch up lazily; EAGLE appends the
+  new feature to its pending window and runs its head layer only when a window is full; Medusa
+  takes the new hidden state; other chain drafters make a discarded k = 1 proposal, then commit),
+  given the AR step as a step whose draft was rejected. The cost is `CostTable.draft[0]`.
   """
 
   def observe(state, seq, seq_len, new_seq, new_seq_len, m, out, key):

@@ -4,6 +4,7 @@ AR, sampling stays lossless with a negative control)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -17,11 +18,12 @@ from toy_models import exact_continuation_probs, tiny_model
 
 from specjax import adaptive as adp
 from specjax.acceptance import SpeculativeSamplingRule
-from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
+from specjax.drafters import DraftModelDrafter, PromptLookupDrafter, eagle
+from specjax.drafters.base import Prefill, StepResult
 from specjax.drafters.tree_draft_model import StaticTreeDrafter
 from specjax.drafters.tree_eagle import EagleTreeDrafter
 from specjax.generate import GenerateConfig, generate, pad_prompts
-from specjax.kv_cache import init_cache
+from specjax.kv_cache import init_cache, read_rows
 from specjax.metrics import summarize
 from specjax.model import forward
 from specjax.sampling import SamplingConfig
@@ -185,6 +187,76 @@ def test_adaptive_chain_eagle_greedy_identical_to_ar(models):
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
   tr = jax.tree.map(np.asarray, out.adaptive)
   assert len(set(tr.choices[: int(tr.n_steps)].tolist())) >= 2, tr.choices
+
+
+def _eager_eagle_observe(drafter, params, state, seq, new_seq, new_seq_len, step):
+  """The reference: the head fed after every AR step (its window, then the step committed)."""
+  width = state.pending.shape[1]
+  x = eagle.layer_inputs(params, read_rows(seq, state.cache.lengths + 1, width), state.pending)
+  _, cache = eagle.cached_layer(params, x, state.cache, drafter.cfg)
+  return drafter.commit(params, eagle.EagleState(cache, state.pending, state.n_pending),
+                        new_seq, new_seq_len, step)  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+def test_eagle_defers_its_head_pass_over_ar_steps(models, kind):
+  """AR steps append their features to EAGLE's pending window; the head layer runs (for the whole
+  batch) only when a row's window is full. The next proposal is the one a head fed after every
+  step makes. Negative control: the same window with one feature wrong proposes differently."""
+  target, cfg, _, _ = models
+  K, B = 3, 2  # windows of K + 1 = 4
+  drafter, params = make_drafter(kind, target, cfg, K, np.arange(cfg.vocab_size))
+  n_layers = len(drafter.hidden_layers)
+  rng = np.random.RandomState(3)
+  normal = lambda *shape: jnp.asarray(rng.normal(size=shape), jnp.float32)  # noqa: E731
+  prompts = jnp.asarray(rng.randint(0, 64, (B, 12)), jnp.int32)
+  seq = jnp.concatenate([prompts, jnp.asarray(rng.randint(0, 64, (B, 20)), jnp.int32)], 1)
+  lens = jnp.array([12, 9])
+  prefill = Prefill(None, normal(B, 12, cfg.d_model),
+                    normal(n_layers, B, 12, cfg.d_model) if n_layers else None, None)  # fmt: skip
+  state = drafter.init(params, prefill, prompts, lens, 48)
+  # Row 1 as after a step that committed 3 tokens: 3 features pending (c + n = seq_len - 1).
+  n0 = jnp.array([1, 3])
+  pending = state.pending.at[1, 1:3].set(normal(2, cfg.d_model))
+  deferred = eager = eagle.EagleState(state.cache.with_lengths(lens - n0), pending, n0)
+  seq_len, fed = lens + 1, []
+  m = jnp.ones((B,), jnp.int32)
+  observe = jax.jit(lambda s, n, st: drafter.observe(params, s, seq, n, seq, n + 1, st, None, None))
+  reference = jax.jit(
+    lambda s, n, st: _eager_eagle_observe(drafter, params, s, seq, seq, n + 1, st)
+  )
+  for _ in range(5):
+    hidden = normal(B, 1, cfg.d_model)
+    layers = normal(n_layers, B, 1, cfg.d_model) if n_layers else None
+    step = adp.pad_step(StepResult(seq_len, jnp.zeros_like(m), m, hidden, layers), K + 1)
+    before = deferred.cache.lengths
+    deferred = observe(deferred, seq_len, step)
+    fed.append(bool((deferred.cache.lengths != before).any()))
+    eager = reference(eager, seq_len, step)
+    seq_len = seq_len + m
+  assert fed == [False, True, False, False, False], fed  # row 1 fills at step 2: both rows fed
+  np.testing.assert_array_equal(np.asarray(deferred.n_pending), [4, 4])
+  sampling, key = SamplingConfig(temperature=1.0), jax.random.PRNGKey(0)
+  propose = lambda s: drafter.propose(params, s, seq, seq_len, key, sampling)  # noqa: E731
+  a, b = propose(deferred), propose(eager)
+  np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+  np.testing.assert_allclose(np.asarray(a.logq), np.asarray(b.logq), atol=1e-4)
+  wrong = dataclasses.replace(deferred, pending=deferred.pending.at[0, 2].add(1.0))
+  assert np.abs(np.asarray(propose(wrong).logq) - np.asarray(b.logq)).max() > 1e-2
+
+
+def test_calibration_times_an_eagle_head_over_its_ar_steps(models):
+  """`measure_costs` on a stateful drafter: the AR steps' drafter cost is timed over a run of
+  K_max + 1 AR steps (EAGLE feeds its head once a window), every cost finite and positive."""
+  from specjax.experiment.calibrate import measure_costs
+  from specjax.experiment.methods import Method, Target
+
+  target, cfg, _, _ = models
+  drafter, params = make_drafter("eagle3", target, cfg, 3, np.arange(cfg.vocab_size))
+  method = Method("eagle", drafter, params, adaptive=adp.AdaptiveConfig((0, 1, 3)))
+  table = measure_costs(Target(target, cfg, None, "tiny"), method, width=16, reps=2)
+  assert table.ks == (0, 1, 3) and table.verify[0] == 1.0
+  assert all(np.isfinite(table.step_costs)) and min(table.verify) > 0 and table.draft[0] >= 0
 
 
 def test_adaptive_loop_has_no_host_callbacks_and_no_cache_copies(models):

@@ -12,7 +12,8 @@ x_{t+2} with the target's LM head; EAGLE-3 scores x_{t+2} with its own norm and 
 
 Drafting keeps a per-row KV cache of the head. Invariant at propose: slots [0, c) hold pairs
 computed from true target features and the m pending features f_c..f_{c+m-1} (verified by the
-last target pass, m = n_committed) are fed as one window, together with tokens x_{c+1}..x_{c+m}
+last target pass, m = n_committed, plus one per AR step of the adaptive loop since, up to the
+window's width) are fed as one window, together with tokens x_{c+1}..x_{c+m}
 read from the sequence. The output at window index m - 1 (position seq_len - 2) gives draft token
 1; tokens 2..K feed (d_{j-1}, o) one at a time. `commit` rolls the cache back to c = prev_seq_len - 1
 (everything from there on was built on guesses) and stores the new verified features.
@@ -25,6 +26,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from specjax.branching import run_one_of
 from specjax.config import ModelConfig
 from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
@@ -186,15 +188,31 @@ class EagleDrafter(DrafterDefaults):
 
   def observe(self, params: EagleParams, state: EagleState, seq, seq_len, new_seq, new_seq_len,
               step: StepResult, key, sampling) -> EagleState:  # fmt: skip
-    """After an AR step of the adaptive loop (`specjax.adaptive`): the pending window is fed (one
-    head layer pass, no drafting), then the step is committed as one whose draft was rejected."""
+    """After an AR step of the adaptive loop (`specjax.adaptive`): the step's feature joins the
+    pending window, which the next proposal feeds whole (no head pass now). Only when a row's window
+    is full is it fed here (one head-layer pass for the batch) and the step committed as one whose
+    draft was rejected, so a run of AR steps costs one head pass per window width, not one per step.
+    """
     del key, sampling
-    c = state.cache.lengths
-    tokens = read_rows(seq, c + 1, state.pending.shape[1])
-    x = layer_inputs(params, tokens, state.pending)
-    _, cache = cached_layer(params, x, state.cache, self.cfg)
-    state = EagleState(cache, state.pending, state.n_pending)
-    return self.commit(params, state, new_seq, new_seq_len, step)
+    width = state.pending.shape[1]
+    m = jnp.minimum(step.n_committed, 1).astype(jnp.int32)  # 0 for rows already done
+
+    def defer(state):
+      layers = None if step.layer_hidden is None else step.layer_hidden[:, :, :1]
+      g = feature(params, step.hidden[:, :1], layers)  # [B, 1, D]: the AR step's one position
+      slot = jnp.arange(width)[None, :] == state.n_pending[:, None]
+      put = (slot & (m[:, None] > 0))[..., None]
+      return EagleState(state.cache, jnp.where(put, g, state.pending), state.n_pending + m)
+
+    def feed(state):
+      tokens = read_rows(seq, state.cache.lengths + 1, width)
+      x = layer_inputs(params, tokens, state.pending)
+      _, cache = cached_layer(params, x, state.cache, self.cfg)
+      state = EagleState(cache, state.pending, state.n_pending)
+      return self.commit(params, state, new_seq, new_seq_len, step)
+
+    full = jnp.any(state.n_pending + m > width)
+    return run_one_of(full.astype(jnp.int32), (defer, feed), state)
 
   def commit(self, params: EagleParams, state: EagleState, seq, seq_len, step: StepResult):
     g = feature(params, step.hidden, step.layer_hidden)  # [B, K + 1, D]

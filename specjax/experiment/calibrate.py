@@ -5,7 +5,9 @@ in round-robin rounds; each cost is the median of its per-round ratio to the AR 
 pass over K + 1 tokens for each choice K (over the drafter's tree for the tree loop), the
 drafter's `propose` at each K > 0 (the tree's), and what an AR step of the adaptive loop spends
 keeping the drafter current (`specjax.adaptive.observer`: nothing for stateless drafters and for
-draft models, which catch up lazily). Every cost is divided by the one-token pass (an AR step).
+draft models, which catch up lazily; timed over a run of K_max + 1 AR steps against the same steps
+without it, since EAGLE feeds its head once per full window). Every cost is divided by the
+one-token pass (an AR step).
 `with_costs` gives a method a JSON file's table, or `CalibratedCosts`: for each padded prompt
 width the runner meets, the table cached under the specjax cache root, keyed by model, dtype,
 batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measured the
@@ -34,7 +36,8 @@ from specjax.speculative import hidden_layers_of
 GREEDY = SamplingConfig()
 # How `measure_costs` times (in every cache key: tables timed another way are measured again).
 # 2: round-robin rounds, per-round ratios, the cache donated and threaded.
-TIMING_VERSION = 2
+# 3: the AR steps' drafter cost timed over a run of K_max + 1 AR steps (EAGLE defers its head pass).
+TIMING_VERSION = 3
 
 
 def round_robin_times(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, np.ndarray]:
@@ -92,12 +95,18 @@ def measure_costs(
     out, c = target_pass(p, c, tokens, positions, mask)
     return out.logits, c
 
-  @functools.partial(jax.jit, donate_argnums=1)
-  def ar_step(p, c, tokens, dp, st, s, n):  # an AR step of the adaptive loop: drafter kept current
-    out, c = target_pass(p, c, tokens, None, None)
-    m = jnp.ones_like(n)
-    observe = adp.observer(drafter, dp, obs_width, stateless, GREEDY, tree)
-    return (observe(st, s, n, s, n + m, m, out, key), out.logits), c
+  @functools.partial(jax.jit, donate_argnums=1, static_argnums=7)
+  def ar_steps(p, c, tokens, dp, st, s, n, observed):
+    """obs_width AR steps of the adaptive loop, from a state just after a speculative step: with
+    the drafter kept current (`observed`) or not (drafters may defer work to every n-th step)."""
+    observe, logits = adp.observer(drafter, dp, obs_width, stateless, GREEDY, tree), []
+    for _ in range(obs_width):
+      out, c = target_pass(p, c, tokens, None, None)
+      if observed:
+        m = jnp.ones_like(n)
+        st, n = observe(st, s, n, s, n + m, m, out, key), n + m
+      logits.append(out.logits)
+    return (st if observed else None, logits), c
 
   cache = [pre.cache]  # threaded through the donating calls
 
@@ -110,7 +119,8 @@ def measure_costs(
 
   fns = {"ar": threaded(verify, first[:, None])}
   if not stateless:
-    fns["observe"] = threaded(ar_step, first[:, None], dp, state, seq, seq_len)
+    for name, observed in (("ar_steps", False), ("observe", True)):
+      fns[name] = threaded(ar_steps, first[:, None], dp, state, seq, seq_len, observed)
   if tree:
     propose = jax.jit(lambda dp, st, s, n: drafter.propose(dp, st, s, n, key, GREEDY).tree)
     t = propose(dp, state, seq, seq_len)
@@ -124,7 +134,9 @@ def measure_costs(
       fns[f"draft{k}"] = lambda f=propose: f(dp, state, seq, seq_len)
   times = round_robin_times(fns, reps)
   ratio = lambda name: float(np.median(times[name] / times["ar"]))  # noqa: E731
-  skip = max(ratio("observe") - 1.0, 0.0) if not stateless else 0.0
+  skip = (
+    0.0 if stateless else max(float(np.median(times["observe"] / times["ar_steps"])) - 1.0, 0.0)
+  )
   if tree:
     return adp.CostTable(ks, (1.0, ratio("verify")), (skip, ratio("draft")))
   verify_costs = [1.0 if k == 0 else ratio(f"verify{k}") for k in ks]
