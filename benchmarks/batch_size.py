@@ -11,6 +11,11 @@ exactly --max_new_tokens, so all methods do the same work per row). For each bat
   SMC           SMC-SD with the same draft, gamma = --k, B requests x --n_particles particles
                 (draft temperature 0.7, target temperature 1; throughput counts one particle per
                 request, so it is not a like-for-like comparison of outputs with greedy AR);
+  <drafter>     with --drafter: that shipped drafter (e.g. eagle3-smollm2-135m, bfloat16 matrices),
+                K = --k, greedy;
+  adaptive      with --adaptive_ks: PL, DM and the shipped drafter choosing K per step in the loop
+                (`specjax.adaptive`) among those K, from a cost table `measure_costs` times at that
+                batch size first (not counted in the decode time);
   policy PL/DM  `specjax.k_policy`: K in [0, --k] from the acceptance measured in that batch's K run
                 (alpha solving E(alpha, K) = tokens per pass) and the measured costs at that batch
                 (verify(0) = an AR step, verify(K) = a PL pass, interpolated linearly; draft cost per
@@ -23,6 +28,8 @@ each B); speedups are decode throughput over AR's at the same B.
 
   python benchmarks/batch_size.py --out=/tmp/batch_size.json
   python benchmarks/batch_size.py --batches=1,8 --max_new_tokens=16   # a quick look
+  python benchmarks/batch_size.py --batches=1,8 --k=2 --drafter=eagle3-smollm2-135m \
+    --adaptive_ks=0,2,4 --n_particles=0                              # adaptive K at batch 8
 """
 
 from __future__ import annotations
@@ -37,9 +44,11 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from specjax import adaptive as adp
 from specjax import k_policy
 from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
-from specjax.experiment.methods import load_target, truncate_layers
+from specjax.experiment.calibrate import measure_costs
+from specjax.experiment.methods import Method, load_shipped_drafter, load_target, truncate_layers
 from specjax.experiment.tasks import (
   SPEC_BENCH_CATEGORIES,
   conversation,
@@ -60,11 +69,13 @@ _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "16", "32"], "Batch
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 32, "Tokens generated per row.")
 _K = flags.DEFINE_integer("k", 4, "Draft length of the fixed-K runs (and the policy's largest K).")
 _DRAFT_LAYERS = flags.DEFINE_integer("draft_layers", 4, "Layers of the truncated-target draft.")
-_PARTICLES = flags.DEFINE_integer("n_particles", 4, "SMC-SD particles per request.")
+_PARTICLES = flags.DEFINE_integer("n_particles", 4, "SMC-SD particles per request (0: no SMC-SD).")
 _SMC_MAX_ROWS = flags.DEFINE_integer("smc_max_rows", 128, "Skip SMC-SD above this many rows.")
 _BUCKET = flags.DEFINE_integer("prompt_bucket", 64, "Prompt width; longer prompts are not used.")
 _MIN_GAIN = flags.DEFINE_float("min_gain", 0.05, "Policy: predicted gain needed to speculate.")
 _OUT = flags.DEFINE_string("out", "", "Write all measurements as JSON here.")
+_DRAFTER = flags.DEFINE_string("drafter", "", "A shipped drafter to run too (chain of --k).")
+_ADAPTIVE = flags.DEFINE_list("adaptive_ks", [], "Adaptive runs choose K among these (0 first).")
 _CLOCK = flags.DEFINE_enum(
   "clock",
   "wall",
@@ -127,7 +138,9 @@ def main(argv):
   pool = short_prompts(target.tokenizer, max(batches), _BUCKET.value)
   gen = GenerateConfig(max_new)
   pl, dm = PromptLookupDrafter(K), DraftModelDrafter(dcfg, K)
-  smc = SMCConfig(n_particles=_PARTICLES.value, max_new_tokens=max_new)
+  smc = (
+    SMCConfig(n_particles=_PARTICLES.value, max_new_tokens=max_new) if _PARTICLES.value else None
+  )
   print(
     f"{_MODEL.value}: loaded in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs, load "
     f"average {os.getloadavg()[0]:.1f}; max_new_tokens {max_new}, K {K}, draft "
@@ -135,11 +148,24 @@ def main(argv):
     flush=True,
   )
 
-  def spec_run(drafter, dp, x, n, reps) -> Run:
-    fn = lambda p, dp, x, n: speculative_generate(p, cfg, drafter, dp, x, n, gen)  # noqa: E731
+  chains = {"pl": (pl, ()), "dm": (dm, draft)}
+  if _DRAFTER.value:
+    shipped = load_shipped_drafter(_DRAFTER.value, target, "bfloat16")
+    chains[_DRAFTER.value.split("-smollm2")[0]] = (shipped.drafter(K), shipped.params)
+  config = adp.AdaptiveConfig(tuple(int(k) for k in _ADAPTIVE.value)) if _ADAPTIVE.value else None
+  k_shares = {}  # adaptive run name -> {K: share of row steps}
+
+  def spec_run(drafter, dp, x, n, reps, name="", costs=None) -> Run:
+    a = None if costs is None else config
+    fn = lambda p, dp, x, n: speculative_generate(  # noqa: E731
+      p, cfg, drafter, dp, x, n, gen, adaptive=a, costs=costs
+    )
     wall, cpu, out = timed(fn, (params, dp, x, n), reps)
     s = summarize(out.metrics)
     iters = int(np.max(out.metrics.target_passes))
+    if a is not None:
+      counts = np.asarray(out.adaptive.counts).sum(0)
+      k_shares[name] = {int(k): float(c / counts.sum()) for k, c in zip(a.ks, counts) if c}
     return Run(wall, cpu, int(np.sum(out.lengths)), iters, s["tau"])
 
   clock = _CLOCK.value
@@ -151,9 +177,15 @@ def main(argv):
     pre = Run(*timed(pre_fn, (params, x, n), reps)[:2], tokens=0, iterations=1)
     wall, cpu, out = timed(functools.partial(_ar, cfg=cfg, gen=gen), (params, x, n), reps)
     runs = {"ar": Run(wall, cpu, int(np.sum(out.lengths)), int(np.max(out.target_passes)))}
-    runs["pl"] = spec_run(pl, (), x, n, reps)
-    runs["dm"] = spec_run(dm, draft, x, n, reps)
-    if B * smc.n_particles <= _SMC_MAX_ROWS.value:
+    for m, (drafter, dp) in chains.items():
+      runs[m] = spec_run(drafter, dp, x, n, reps)
+    for m, (drafter, dp) in chains.items() if config else ():
+      drafter = dataclasses.replace(drafter, k=max(config.ks))
+      method = Method(m, drafter, dp, adaptive=config)
+      costs = measure_costs(target, method, batch=B, width=x.shape[1])
+      print(f"  B={B} {m}: adaptive costs {costs.to_json()}", flush=True)
+      runs[f"{m}_adaptive"] = spec_run(drafter, dp, x, n, reps, f"{m}_adaptive", costs)
+    if smc and B * smc.n_particles <= _SMC_MAX_ROWS.value:
       fn = functools.partial(_smc, cfg=cfg, drafter=dm, smc=smc, key=jax.random.PRNGKey(0))
       wall, cpu, out = timed(fn, (params, draft, x, n), reps)
       runs["smc"] = Run(wall, cpu, int(np.sum(out.lengths)), int(np.max(out.target_passes)))
@@ -172,6 +204,7 @@ def main(argv):
     row = {"batch": B, "prefill": dataclasses.asdict(pre)}
     row["runs"] = {m: dataclasses.asdict(r) for m, r in runs.items()}
     row["decode_tok_s"] = {c: {m: decode(r, c) for m, r in runs.items()} for c in ("wall", "cpu")}
+    row["k_share"] = {m: k_shares.pop(m) for m in list(k_shares)}
     for m, drafter, dp in (("pl", pl, ()), ("dm", dm, draft)):
       alpha = k_policy.alpha_from_tokens_per_step(runs[m].tau, K)
       policy = k_policy.KPolicy(((B, costs[m]),), k_max=K, min_gain=_MIN_GAIN.value)
@@ -213,11 +246,16 @@ def _smc(p, dp, x, n, *, cfg, drafter, smc, key):
 
 
 def table(results, K: int, clock: str) -> str:
-  head = (
-    f"| B | AR tok/s | PL K={K} | DM K={K} | SMC-SD | policy PL: K, alpha, x | "
-    f"policy DM: K, alpha, x |\n|---|---|---|---|---|---|---|"
-  )
-  lines = [head]
+  """Decode throughput of every run as a ratio to AR at the same B (adaptive runs with the share
+  of row steps at each K), then the offline policy's picks."""
+  runs = [m for m in results[0]["decode_tok_s"][clock] if m != "ar"]
+
+  def label(m: str) -> str:
+    fixed = not (m.endswith("_adaptive") or m == "smc")
+    return m.replace("_adaptive", " adaptive").upper() + (f" K={K}" if fixed else "")
+
+  head = ["B", "AR tok/s", *map(label, runs), "policy PL: K, alpha, x", "policy DM: K, alpha, x"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in results:
     d = r["decode_tok_s"][clock]
     ar = d["ar"]
@@ -225,14 +263,15 @@ def table(results, K: int, clock: str) -> str:
     def x(v, ar=ar):
       return f"{v / ar:.2f}x"
 
-    smc = x(d["smc"]) if "smc" in d else "-"
-    pol = []
+    cells = [str(r["batch"]), f"{ar:.1f}"]
+    for m in runs:
+      share = r.get("k_share", {}).get(m)
+      ks = " (" + " ".join(f"{k}:{v:.0%}" for k, v in share.items()) + ")" if share else ""
+      cells.append(x(d[m]) + ks if m in d else "-")
     for m in ("pl", "dm"):
       p = r[f"policy_{m}"]
-      pol.append(f"{p['k']}, {p['alpha']:.2f}, {x(p['decode_tok_s'][clock])}")
-    lines.append(
-      f"| {r['batch']} | {ar:.1f} | {x(d['pl'])} | {x(d['dm'])} | {smc} | {pol[0]} | {pol[1]} |"
-    )
+      cells.append(f"{p['k']}, {p['alpha']:.2f}, {x(p['decode_tok_s'][clock])}")
+    lines.append("| " + " | ".join(cells) + " |")
   return "\n".join(lines)
 
 

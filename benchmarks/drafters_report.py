@@ -43,13 +43,13 @@ from specjax.experiment.runner import Runner, run_suite
 from specjax.experiment.tables import markdown, summary_rows
 from specjax.experiment.tasks import (
   SPEC_BENCH_CATEGORIES,
-  Prompt,
   find_spec_bench,
   load_spec_bench,
 )
 from specjax.generate import GenerateConfig, pad_prompts, prefill
 from specjax.model import forward
 from specjax.sampling import SamplingConfig
+from train import corpus
 
 _PER_CATEGORY = flags.DEFINE_integer("per_category", 2, "Prompts per Spec-Bench category.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated per prompt.")
@@ -72,7 +72,6 @@ _WEIGHTS = flags.DEFINE_list(
   "Drafter weight dtypes to run, each drafter in each (bfloat16 runs are named NAME_kK_bf16w; "
   "experiments default to bfloat16, this report to float32 so that its earlier runs repeat).",
 )  # fmt: skip
-CORPUS = os.path.join(os.path.dirname(__file__), "..", "train", "corpora", "smollm2-sd-v1.npz")
 
 
 def _median_time(fn, *args, reps: int) -> float:
@@ -116,31 +115,6 @@ def cost_ratios(target, shipped, k: int, reps: int, context: int = 256) -> dict:
     "verify": t_verify / t_step,
     "step_ms": 1e3 * t_step,
   }
-
-
-def heldout_prompts(tokenizer, per_source: int, path: str = CORPUS) -> list[Prompt]:
-  """The first `per_source` held-out documents of each source (ShareGPT, GSM8K train) of a packed
-  corpus, as one-turn prompts. Their texts are rebuilt from the corpus's own prompt order, and each
-  one's chat encoding is checked against the prompt tokens the corpus stores.
-
-  Raises:
-    ValueError: a rebuilt prompt does not encode to the corpus's tokens (other source data).
-  """
-  from train import corpus
-
-  meta = corpus.read_meta(path)
-  min_ascii = meta["manifest"]["recipe"]["min_ascii"]
-  plist = corpus.prompts_from_order(meta["prompt_order"], tokenizer, min_ascii)
-  out, taken = [], {}
-  for doc, d in enumerate(corpus.load_documents(path)):
-    p = plist[d.prompt_index]
-    if not d.heldout or taken.get(p.source, 0) >= per_source:
-      continue
-    if tuple(d.tokens[: d.prompt_len]) != tuple(p.tokens):
-      raise ValueError(f"{path}: document {doc}'s prompt is not {p.source} #{p.index} as rebuilt")
-    taken[p.source] = taken.get(p.source, 0) + 1
-    out.append(Prompt(f"heldout_{p.source}", f"heldout-{doc}", (p.text,)))
-  return out
 
 
 def parse_drafters(entries: list[str], default_k: int) -> list[tuple[str, int]]:
@@ -196,7 +170,7 @@ def main(argv):
   ]
   gen = GenerateConfig(max_new_tokens=_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
   if _PROMPTS.value == "heldout":
-    prompts = heldout_prompts(target.tokenizer, _PER_CATEGORY.value)
+    prompts = corpus.heldout_prompts(corpus.SHIPPED, target.tokenizer, _PER_CATEGORY.value)
   else:
     prompts = load_spec_bench(
       find_spec_bench(_SPEC_BENCH.value), SPEC_BENCH_CATEGORIES, _PER_CATEGORY.value, turns=1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -250,6 +251,28 @@ def test_run_suite_records_and_resumes(target, spec_bench, tmp_path):
   assert "resuming: 2 of 4" in lines[0]
   assert [r["prompt_id"] for r in again] == [1, 2, 3, 4]
   assert [r["prompt_id"] for r in runner_lib.read_records(path)] == [1, 2, 3, 4]
+
+
+def test_repeats_time_round_robin_and_keep_the_median(target, spec_bench, tmp_path):
+  """repeats=3: AR and the method alternate order round to round; each keeps its median time."""
+  settings = small_settings(**{"data.categories": "qa"})
+  prompt = tasks.load_spec_bench(spec_bench, ("qa",), 1)[0]
+  runner = make_runner(target, settings)
+  runner.repeats = 3
+  calls, run, walls = [], runner.run, iter([5.0, 1.0, 2.0, 9.0, 4.0, 3.0])
+
+  def timed(method, ids, key):
+    calls.append("ar" if method is None else method.name)
+    return dataclasses.replace(run(method, ids, key), wall_s=next(walls))
+
+  runner.run = timed
+  rec = runner.run_prompt(prompt)
+  pl = "prompt_lookup_k3"
+  assert calls == ["ar", pl, pl, "ar", "ar", pl]
+  assert rec["ar"]["wall_s"] == 5.0 and rec["methods"][pl]["wall_s"] == 2.0  # medians of 3
+  assert rec["methods"][pl]["same_as_ar"]
+  with pytest.raises(ValueError, match="repeats must be >= 1"):
+    runner_lib.Runner(target, [], settings.generate_config(()), repeats=0)
 
 
 def test_resume_with_other_settings_is_an_error(target, spec_bench, tmp_path):

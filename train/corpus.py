@@ -40,6 +40,9 @@ from specjax.kv_cache import KVCache, init_cache
 from specjax.model import Params, forward
 from train.prompts import TrainPrompt
 
+# The corpus the shipped drafters were trained on (committed; `pack_corpus` wrote it).
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpora", "smollm2-sd-v1.npz")
+
 CORPUS_VERSION = 1
 
 # The prompt recipe (`train.prompts.PromptRecipe` fields): every ShareGPT first turn and GSM8K
@@ -501,4 +504,31 @@ def prompts_from_order(order: Sequence[Sequence], tokenizer, min_ascii: float) -
     text = texts[source][int(i)]
     tokens = tokenizer.encode_chat([{"role": "user", "content": text}])
     out.append(TrainPrompt(source, int(i), text, tuple(tokens)))
+  return out
+
+
+def heldout_prompts(path: str, tokenizer, per_source: int) -> list:
+  """The first `per_source` held-out documents of each source (ShareGPT, GSM8K train) of a packed
+  corpus as one-turn `specjax.experiment.tasks.Prompt`s (category "heldout_<source>"). Their texts
+  are rebuilt from the corpus's own prompt order, and each one's chat encoding is checked against
+  the prompt tokens the corpus stores.
+
+  Raises:
+    ValueError: a rebuilt prompt does not encode to the corpus's tokens (other source data).
+  """
+  from specjax.experiment.tasks import Prompt
+
+  meta = read_meta(path)
+  plist = prompts_from_order(
+    meta["prompt_order"], tokenizer, meta["manifest"]["recipe"]["min_ascii"]
+  )
+  out, taken = [], {}
+  for doc, d in enumerate(load_documents(path)):
+    p = plist[d.prompt_index]
+    if not d.heldout or taken.get(p.source, 0) >= per_source:
+      continue
+    if tuple(d.tokens[: d.prompt_len]) != tuple(p.tokens):
+      raise ValueError(f"{path}: document {doc}'s prompt is not {p.source} #{p.index} as rebuilt")
+    taken[p.source] = taken.get(p.source, 0) + 1
+    out.append(Prompt(f"heldout_{p.source}", f"heldout-{doc}", (p.text,)))
   return out

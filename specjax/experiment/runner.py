@@ -127,7 +127,12 @@ class Generation:
 
 
 class Runner:
-  """Runs and times one prompt with AR and with each method; compiles each new shape first."""
+  """Runs and times one prompt with AR and with each method; compiles each new shape first.
+
+  With `repeats` > 1 every turn is timed that many times, AR and the methods round-robin in
+  alternating order (so drift on a shared machine hits all alike), and each keeps its median wall
+  time; the outputs of the repeats must agree.
+  """
 
   def __init__(
     self,
@@ -137,9 +142,12 @@ class Runner:
     seed: int = 0,
     min_width: int = 64,
     log: Callable[[str], None] = print,
+    repeats: int = 1,
   ):
+    if repeats < 1:
+      raise ValueError(f"repeats must be >= 1, got {repeats}")
     self.target, self.methods, self.gen = target, list(methods), gen
-    self.seed, self.min_width, self.log = seed, min_width, log
+    self.seed, self.min_width, self.log, self.repeats = seed, min_width, log, repeats
     self.draft_slots = max((draft_slots(m) for m in self.methods), default=0)
     self._compiled: set[tuple[str, int]] = set()
     self.history: list[list[int]] = []  # AR outputs of the prompts run so far, oldest first
@@ -178,6 +186,20 @@ class Runner:
       tokens, wall, out.metrics, int(out.metrics.target_passes[0]), adaptive_trace(out.adaptive)
     )
 
+  def _timed_turn(self, ids: Sequence[int], key: jax.Array) -> dict[str, Generation]:
+    """AR and every method on one turn, `repeats` rounds; each keeps its median wall time."""
+    order = [None, *(with_history(m, self.history) for m in self.methods)]
+    gens: dict[str, list[Generation]] = {}
+    for r in range(self.repeats):
+      for m in order if r % 2 == 0 else order[::-1]:
+        gens.setdefault("ar" if m is None else m.name, []).append(self.run(m, ids, key))
+    out = {}
+    for name, g in gens.items():
+      if any(x.tokens != g[0].tokens for x in g[1:]):
+        raise RuntimeError(f"{name}: repeats of the same call generated different tokens")
+      out[name] = dataclasses.replace(g[0], wall_s=float(np.median([x.wall_s for x in g])))
+    return {"ar": out["ar"], **{m.name: out[m.name] for m in self.methods}}
+
   def run_prompt(self, prompt: Prompt) -> dict:
     """All turns of `prompt` with AR and every method; returns its JSON record."""
     tok = self.target.tokenizer
@@ -190,11 +212,9 @@ class Runner:
       ids = tok.encode_chat(conversation(prompt.turns[: turn + 1], answers))
       prompt_tokens.append(len(ids))
       turn_key = jax.random.fold_in(key, turn)
-      ar = self.run(None, ids, turn_key)
-      runs["ar"].append(ar)
-      for m in self.methods:
-        runs[m.name].append(self.run(with_history(m, self.history), ids, turn_key))
-      answers.append(tok.decode(ar.tokens))
+      for name, gen in self._timed_turn(ids, turn_key).items():
+        runs[name].append(gen)
+      answers.append(tok.decode(runs["ar"][-1].tokens))
     self.history.extend(g.tokens for g in runs["ar"])
     record = {
       "category": prompt.category,
