@@ -26,6 +26,7 @@ EXTRAS_REQUIRE = {
   "reference": ["torch==2.13.0", "transformers==5.24.0", "accelerate==1.15.0"],
   "test": [
     "pytest>=8",
+    "pytest-xdist==3.8.0",  # CI runs the suite on 2 workers (the tests are mostly compilation)
     "ruff>=0.6",
     "scipy>=1.11",
     "torch==2.13.0",
