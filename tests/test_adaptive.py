@@ -245,15 +245,20 @@ def test_eagle_defers_its_head_pass_over_ar_steps(models, kind):
   assert np.abs(np.asarray(propose(wrong).logq) - np.asarray(b.logq)).max() > 1e-2
 
 
-def test_calibration_times_an_eagle_head_over_its_ar_steps(models):
-  """`measure_costs` on a stateful drafter: the AR steps' drafter cost is timed over a run of
-  K_max + 1 AR steps (EAGLE feeds its head once a window), every cost finite and positive."""
+@pytest.mark.parametrize("kind", ["eagle3", "draft_model"])
+def test_calibration_times_a_stateful_drafter(models, kind):
+  """`measure_costs` on stateful drafters: the AR steps' drafter cost is timed over a run of
+  K_max + 1 AR steps (EAGLE feeds its head once a window), every cost finite and positive. A draft
+  model's state shares buffers with the prefill cache, which the timed calls donate."""
   from specjax.experiment.calibrate import measure_costs
   from specjax.experiment.methods import Method, Target
 
-  target, cfg, _, _ = models
-  drafter, params = make_drafter("eagle3", target, cfg, 3, np.arange(cfg.vocab_size))
-  method = Method("eagle", drafter, params, adaptive=adp.AdaptiveConfig((0, 1, 3)))
+  target, cfg, draft, dcfg = models
+  if kind == "eagle3":
+    drafter, params = make_drafter("eagle3", target, cfg, 3, np.arange(cfg.vocab_size))
+  else:
+    drafter, params = DraftModelDrafter(dcfg, k=3), draft
+  method = Method(kind, drafter, params, adaptive=adp.AdaptiveConfig((0, 1, 3)))
   table = measure_costs(Target(target, cfg, None, "tiny"), method, width=16, reps=2)
   assert table.ks == (0, 1, 3) and table.verify[0] == 1.0
   assert all(np.isfinite(table.step_costs)) and min(table.verify) > 0 and table.draft[0] >= 0

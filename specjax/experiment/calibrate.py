@@ -108,7 +108,9 @@ def measure_costs(
       logits.append(out.logits)
     return (st if observed else None, logits), c
 
-  cache = [pre.cache]  # threaded through the donating calls
+  # Threaded through the donating calls: a copy, since the drafter's state may share the prefill
+  # cache's buffers (a draft model's lengths), which donation would delete.
+  cache = [jax.tree.map(jnp.copy, pre.cache)]
 
   def threaded(fn, *args):
     def call():
