@@ -7,7 +7,7 @@ drafter's `propose` at each K > 0 (the tree's), and what an AR step of the adapt
 keeping the drafter current (`specjax.adaptive.observer`: nothing for stateless drafters and for
 draft models, which catch up lazily; timed over a run of K_max + 1 AR steps against the same steps
 without it, since EAGLE feeds its head once per full window). Every cost is divided by the
-one-token pass (an AR step).
+one-token pass (an AR step), and the verify and draft costs are made non-decreasing in K.
 `with_costs` gives a method a JSON file's table, or `CalibratedCosts`: for each padded prompt
 width the runner meets, the table cached under the specjax cache root, keyed by model, dtype,
 batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measured the
@@ -37,7 +37,8 @@ GREEDY = SamplingConfig()
 # How `measure_costs` times (in every cache key: tables timed another way are measured again).
 # 2: round-robin rounds, per-round ratios, the cache donated and threaded.
 # 3: the AR steps' drafter cost timed over a run of K_max + 1 AR steps (EAGLE defers its head pass).
-TIMING_VERSION = 3
+# 4: verify and draft costs made non-decreasing in K (`non_decreasing`).
+TIMING_VERSION = 4
 
 
 def round_robin_times(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, np.ndarray]:
@@ -140,10 +141,16 @@ def measure_costs(
     0.0 if stateless else max(float(np.median(times["observe"] / times["ar_steps"])) - 1.0, 0.0)
   )
   if tree:
-    return adp.CostTable(ks, (1.0, ratio("verify")), (skip, ratio("draft")))
-  verify_costs = [1.0 if k == 0 else ratio(f"verify{k}") for k in ks]
-  draft_costs = [skip if k == 0 else ratio(f"draft{k}") for k in ks]
-  return adp.CostTable(ks, tuple(verify_costs), tuple(draft_costs))
+    return adp.CostTable(ks, non_decreasing((1.0, ratio("verify"))), (skip, ratio("draft")))
+  verify_costs = non_decreasing([1.0 if k == 0 else ratio(f"verify{k}") for k in ks])
+  draft_costs = (skip, *non_decreasing([ratio(f"draft{k}") for k in ks[1:]]))
+  return adp.CostTable(ks, verify_costs, draft_costs)
+
+
+def non_decreasing(costs) -> tuple[float, ...]:
+  """The running maximum of per-K costs: timing noise can make a longer pass (or draft) look
+  cheaper than a shorter one, which would steer the choice to it; it never is."""
+  return tuple(float(c) for c in np.maximum.accumulate(np.asarray(costs, np.float64)))
 
 
 @dataclasses.dataclass(frozen=True)
