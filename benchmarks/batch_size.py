@@ -92,6 +92,7 @@ class Run:
   tokens: int  # generated tokens (all rows; SMC: the chosen particle of each request)
   iterations: int  # while-loop iterations (max verify passes over rows)
   tau: float = 0.0  # tokens per verify pass (speculative runs)
+  k_share: dict | None = None  # adaptive runs: share of row steps at each K
 
   def seconds(self, clock: str) -> float:
     return self.cpu if clock == "cpu" else self.wall
@@ -153,9 +154,8 @@ def main(argv):
     shipped = load_shipped_drafter(_DRAFTER.value, target, "bfloat16")
     chains[_DRAFTER.value.split("-smollm2")[0]] = (shipped.drafter(K), shipped.params)
   config = adp.AdaptiveConfig(tuple(int(k) for k in _ADAPTIVE.value)) if _ADAPTIVE.value else None
-  k_shares = {}  # adaptive run name -> {K: share of row steps}
 
-  def spec_run(drafter, dp, x, n, reps, name="", costs=None) -> Run:
+  def spec_run(drafter, dp, x, n, reps, costs=None) -> Run:
     a = None if costs is None else config
     fn = lambda p, dp, x, n: speculative_generate(  # noqa: E731
       p, cfg, drafter, dp, x, n, gen, adaptive=a, costs=costs
@@ -163,10 +163,11 @@ def main(argv):
     wall, cpu, out = timed(fn, (params, dp, x, n), reps)
     s = summarize(out.metrics)
     iters = int(np.max(out.metrics.target_passes))
+    share = None
     if a is not None:
       counts = np.asarray(out.adaptive.counts).sum(0)
-      k_shares[name] = {int(k): float(c / counts.sum()) for k, c in zip(a.ks, counts) if c}
-    return Run(wall, cpu, int(np.sum(out.lengths)), iters, s["tau"])
+      share = {int(k): float(c / counts.sum()) for k, c in zip(a.ks, counts) if c}
+    return Run(wall, cpu, int(np.sum(out.lengths)), iters, s["tau"], share)
 
   clock = _CLOCK.value
   results = []
@@ -184,7 +185,7 @@ def main(argv):
       method = Method(m, drafter, dp, adaptive=config)
       costs = measure_costs(target, method, batch=B, width=x.shape[1])
       print(f"  B={B} {m}: adaptive costs {costs.to_json()}", flush=True)
-      runs[f"{m}_adaptive"] = spec_run(drafter, dp, x, n, reps, f"{m}_adaptive", costs)
+      runs[f"{m}_adaptive"] = spec_run(drafter, dp, x, n, reps, costs)
     if smc and B * smc.n_particles <= _SMC_MAX_ROWS.value:
       fn = functools.partial(_smc, cfg=cfg, drafter=dm, smc=smc, key=jax.random.PRNGKey(0))
       wall, cpu, out = timed(fn, (params, draft, x, n), reps)
@@ -204,7 +205,6 @@ def main(argv):
     row = {"batch": B, "prefill": dataclasses.asdict(pre)}
     row["runs"] = {m: dataclasses.asdict(r) for m, r in runs.items()}
     row["decode_tok_s"] = {c: {m: decode(r, c) for m, r in runs.items()} for c in ("wall", "cpu")}
-    row["k_share"] = {m: k_shares.pop(m) for m in list(k_shares)}
     for m, drafter, dp in (("pl", pl, ()), ("dm", dm, draft)):
       alpha = k_policy.alpha_from_tokens_per_step(runs[m].tau, K)
       policy = k_policy.KPolicy(((B, costs[m]),), k_max=K, min_gain=_MIN_GAIN.value)
@@ -265,7 +265,7 @@ def table(results, K: int, clock: str) -> str:
 
     cells = [str(r["batch"]), f"{ar:.1f}"]
     for m in runs:
-      share = r.get("k_share", {}).get(m)
+      share = r["runs"][m].get("k_share") if m in r["runs"] else None
       ks = " (" + " ".join(f"{k}:{v:.0%}" for k, v in share.items()) + ")" if share else ""
       cells.append(x(d[m]) + ks if m in d else "-")
     for m in ("pl", "dm"):
