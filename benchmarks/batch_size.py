@@ -22,9 +22,11 @@ exactly --max_new_tokens, so all methods do the same work per row). For each bat
                 token = (DM pass - PL pass) / K); K = 0 runs the AR loop. A chosen K other than 0 and
                 --k is compiled and timed too.
 
-Every loop is compiled ahead of time and timed without compilation (best of 3 runs for B <= 4, of
-2 at B = 8, one run above). "decode tok/s" excludes the target's prefill over the prompts (timed separately at
-each B); speedups are decode throughput over AR's at the same B.
+Every loop is compiled ahead of time (the adaptive runs' cost tables calibrated first) and timed
+without compilation, round-robin: --repeats rounds at B <= 8 (one above), every other round in
+reverse order, each run keeping its best, so the host's drift in speed over the run falls on all
+runs alike. "decode tok/s" excludes the target's prefill over the prompts (timed in the same
+rounds); speedups are decode throughput over AR's at the same B.
 
   python benchmarks/batch_size.py --out=/tmp/batch_size.json
   python benchmarks/batch_size.py --batches=1,8 --max_new_tokens=16   # a quick look
@@ -76,6 +78,11 @@ _MIN_GAIN = flags.DEFINE_float("min_gain", 0.05, "Policy: predicted gain needed 
 _OUT = flags.DEFINE_string("out", "", "Write all measurements as JSON here.")
 _DRAFTER = flags.DEFINE_string("drafter", "", "A shipped drafter to run too (chain of --k).")
 _ADAPTIVE = flags.DEFINE_list("adaptive_ks", [], "Adaptive runs choose K among these (0 first).")
+_REPEATS = flags.DEFINE_integer(
+  "repeats",
+  3,
+  "Timed rounds at B <= 8 (one above), round-robin over all runs; each keeps its best.",
+)
 _CLOCK = flags.DEFINE_enum(
   "clock",
   "wall",
@@ -98,16 +105,25 @@ class Run:
     return self.cpu if clock == "cpu" else self.wall
 
 
-def timed(fn, args, repeats: int):
-  """(best wall s, best CPU s, output) of the AOT-compiled fn(*args), compilation excluded."""
-  compiled = jax.jit(fn).lower(*args).compile()
-  wall, cpu, out = float("inf"), float("inf"), None
-  for _ in range(repeats):
-    w0, c0 = time.perf_counter(), time.process_time()
-    out = jax.block_until_ready(compiled(*args))
-    wall = min(wall, time.perf_counter() - w0)
-    cpu = min(cpu, time.process_time() - c0)
-  return wall, cpu, out
+def compiled(fn, args):
+  """fn AOT-compiled for args, with the args: a call `round_robin` times without compilation."""
+  return jax.jit(fn).lower(*args).compile(), args
+
+
+def round_robin(calls: dict, repeats: int) -> dict:
+  """{name: (best wall s, best CPU s, output)} of every compiled call, run `repeats` times
+  round-robin, every other round in reverse order, so drift of the shared host's speed over the
+  run falls on all calls alike rather than on whichever ran last."""
+  best = {m: [float("inf"), float("inf"), None] for m in calls}
+  for r in range(repeats):
+    for m in list(calls) if r % 2 == 0 else list(calls)[::-1]:
+      fn, args = calls[m]
+      w0, c0 = time.perf_counter(), time.process_time()
+      out = jax.block_until_ready(fn(*args))
+      wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+      b = best[m]
+      b[0], b[1], b[2] = min(b[0], wall), min(b[1], cpu), out
+  return {m: tuple(b) for m, b in best.items()}
 
 
 def short_prompts(tokenizer, n: int, bucket: int) -> list[list[int]]:
@@ -155,41 +171,49 @@ def main(argv):
     chains[_DRAFTER.value.split("-smollm2")[0]] = (shipped.drafter(K), shipped.params)
   config = adp.AdaptiveConfig(tuple(int(k) for k in _ADAPTIVE.value)) if _ADAPTIVE.value else None
 
-  def spec_run(drafter, dp, x, n, reps, costs=None) -> Run:
+  def spec_call(drafter, dp, x, n, costs=None):
     a = None if costs is None else config
     fn = lambda p, dp, x, n: speculative_generate(  # noqa: E731
       p, cfg, drafter, dp, x, n, gen, adaptive=a, costs=costs
     )
-    wall, cpu, out = timed(fn, (params, dp, x, n), reps)
+    return compiled(fn, (params, dp, x, n))
+
+  def spec_result(wall, cpu, out) -> Run:
     s = summarize(out.metrics)
     iters = int(np.max(out.metrics.target_passes))
     share = None
-    if a is not None:
+    if out.adaptive is not None:
       counts = np.asarray(out.adaptive.counts).sum(0)
-      share = {int(k): float(c / counts.sum()) for k, c in zip(a.ks, counts) if c}
+      share = {int(k): float(c / counts.sum()) for k, c in zip(config.ks, counts) if c}
     return Run(wall, cpu, int(np.sum(out.lengths)), iters, s["tau"], share)
+
+  def plain_result(wall, cpu, out) -> Run:
+    return Run(wall, cpu, int(np.sum(out.lengths)), int(np.max(out.target_passes)))
 
   clock = _CLOCK.value
   results = []
   for B in batches:
-    reps = 3 if B <= 4 else 2 if B <= 8 else 1
+    reps = _REPEATS.value if B <= 8 else 1
     x, n = pad_prompts(pool[:B], _BUCKET.value)
     pre_fn = functools.partial(_prefill_logits, cfg=cfg, capacity=x.shape[1] + max_new)
-    pre = Run(*timed(pre_fn, (params, x, n), reps)[:2], tokens=0, iterations=1)
-    wall, cpu, out = timed(functools.partial(_ar, cfg=cfg, gen=gen), (params, x, n), reps)
-    runs = {"ar": Run(wall, cpu, int(np.sum(out.lengths)), int(np.max(out.target_passes)))}
+    calls = {"prefill": compiled(pre_fn, (params, x, n))}
+    calls["ar"] = compiled(functools.partial(_ar, cfg=cfg, gen=gen), (params, x, n))
     for m, (drafter, dp) in chains.items():
-      runs[m] = spec_run(drafter, dp, x, n, reps)
+      calls[m] = spec_call(drafter, dp, x, n)
     for m, (drafter, dp) in chains.items() if config else ():
       drafter = dataclasses.replace(drafter, k=max(config.ks))
       method = Method(m, drafter, dp, adaptive=config)
-      costs = measure_costs(target, method, batch=B, width=x.shape[1])
+      costs = measure_costs(target, method, batch=B, width=x.shape[1], max_new_tokens=max_new)
       print(f"  B={B} {m}: adaptive costs {costs.to_json()}", flush=True)
-      runs[f"{m}_adaptive"] = spec_run(drafter, dp, x, n, reps, costs)
+      calls[f"{m}_adaptive"] = spec_call(drafter, dp, x, n, costs)
     if smc and B * smc.n_particles <= _SMC_MAX_ROWS.value:
       fn = functools.partial(_smc, cfg=cfg, drafter=dm, smc=smc, key=jax.random.PRNGKey(0))
-      wall, cpu, out = timed(fn, (params, draft, x, n), reps)
-      runs["smc"] = Run(wall, cpu, int(np.sum(out.lengths)), int(np.max(out.target_passes)))
+      calls["smc"] = compiled(fn, (params, draft, x, n))
+    timings = round_robin(calls, reps)
+    pre = Run(*timings.pop("prefill")[:2], tokens=0, iterations=1)
+    runs = {
+      m: plain_result(*t) if m in ("ar", "smc") else spec_result(*t) for m, t in timings.items()
+    }
 
     def decode(r: Run, c: str = clock, pre: Run = pre) -> float:
       return r.tokens / max(r.seconds(c) - pre.seconds(c), 1e-9)
@@ -210,8 +234,9 @@ def main(argv):
       policy = k_policy.KPolicy(((B, costs[m]),), k_max=K, min_gain=_MIN_GAIN.value)
       k = policy.choose(alpha, B)
       chosen = runs["ar"] if k == 0 else runs[m] if k == K else None
-      if chosen is None:
-        chosen = spec_run(dataclasses.replace(drafter, k=k), dp, x, n, reps)
+      if chosen is None:  # timed on its own, after the round-robin
+        call = spec_call(dataclasses.replace(drafter, k=k), dp, x, n)
+        chosen = spec_result(*round_robin({"policy": call}, reps)["policy"])
       row[f"policy_{m}"] = {
         "alpha": alpha,
         "k": k,
