@@ -57,6 +57,10 @@ class CostTable:
     draft: draft[i] = drafting time of a step with ks[i] drafts; draft[0] is what an AR step spends
       keeping the drafter's state current (0 for stateless and lazily caught-up drafters, see
       `observer`).
+
+  Only `step_costs` (verify + draft) enters the decision. A table measured by
+  `specjax.experiment.calibrate` times whole steps of the loop: each is in `verify` (the loop's
+  own AR step is the unit) and `draft` is all 0.
   """
 
   ks: tuple[int, ...]
@@ -332,7 +336,8 @@ def observer(drafter, params, width: int, stateless: bool, sampling, tree: bool 
   (`specjax.drafters.base`: draft models do nothing there and catch up lazily; EAGLE appends the
   new feature to its pending window and runs its head layer only when a window is full; Medusa
   takes the new hidden state; other chain drafters make a discarded k = 1 proposal, then commit),
-  given the AR step as a step whose draft was rejected. The cost is `CostTable.draft[0]`.
+  given the AR step as a step whose draft was rejected. The cost is `CostTable.draft[0]` (a
+  measured table has it in its unit, the loop's AR step).
   """
 
   def observe(state, seq, seq_len, new_seq, new_seq_len, m, out, key):

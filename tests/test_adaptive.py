@@ -247,9 +247,9 @@ def test_eagle_defers_its_head_pass_over_ar_steps(models, kind):
 
 @pytest.mark.parametrize("kind", ["eagle3", "draft_model"])
 def test_calibration_times_a_stateful_drafter(models, kind):
-  """`measure_costs` on stateful drafters: the AR steps' drafter cost is timed over a run of
-  K_max + 1 AR steps (EAGLE feeds its head once a window), every cost finite and positive. A draft
-  model's state shares buffers with the prefill cache, which the timed calls donate."""
+  """`measure_costs` runs the method's own adaptive loop forced to each choice: every cost finite
+  and positive, the AR step the unit. A draft model's state shares buffers with the prefill cache,
+  which the loop donates."""
   from specjax.experiment.calibrate import measure_costs
   from specjax.experiment.methods import Method, Target
 
@@ -259,10 +259,43 @@ def test_calibration_times_a_stateful_drafter(models, kind):
   else:
     drafter, params = DraftModelDrafter(dcfg, k=3), draft
   method = Method(kind, drafter, params, adaptive=adp.AdaptiveConfig((0, 1, 3)))
-  table = measure_costs(Target(target, cfg, None, "tiny"), method, width=16, reps=2)
-  assert table.ks == (0, 1, 3) and table.verify[0] == 1.0
-  assert all(np.isfinite(table.step_costs)) and min(table.verify) > 0 and table.draft[0] >= 0
-  assert list(table.verify) == sorted(table.verify) and table.draft[1] <= table.draft[2]
+  table = measure_costs(Target(target, cfg, None, "tiny"), method, width=16, max_new_tokens=12,
+                        tokens=8, rounds=2)  # fmt: skip
+  assert table.ks == (0, 1, 3) and table.verify[0] == 1.0 and table.draft == (0.0, 0.0, 0.0)
+  assert all(np.isfinite(table.step_costs)) and list(table.verify) == sorted(table.verify)
+
+
+@pytest.mark.parametrize("loop", ["chain", "tree"])
+def test_calibration_arithmetic_on_known_step_times(models, monkeypatch, loop):
+  """With the clock replaced by one where a call of the forced loop takes 0.3 s (its start) plus
+  c_K per loop step, the table is c_K / c_0 exactly: the start (prefill, drafter set-up) cancels
+  and the step counts are the loop's own (they differ between choices)."""
+  from specjax.experiment import calibrate
+  from specjax.experiment.methods import Method, Target
+
+  target, cfg, _, _ = models
+  seconds = {0: 0.02, 1: 0.025, 3: 0.031}
+  if loop == "tree":
+    tree = StaticTree.from_paths([(0,), (1,), (0, 0), (0, 0, 0)])
+    method = Method("tree", StaticTreeDrafter(cfg, tree), _noisy(target), loop="tree",
+                    adaptive=adp.AdaptiveConfig((0, 3)))  # fmt: skip
+    seconds = {0: 0.02, 3: 0.05}
+  else:
+    method = Method("pl", PromptLookupDrafter(k=3), (), adaptive=adp.AdaptiveConfig((0, 1, 3)))
+  counts = {}
+
+  def clock(fns, rounds):  # one real call each (the loop's own step counts), fake seconds
+    counts.update({name: int(fn().adaptive.n_steps) for name, fn in fns.items()})
+    k_of = lambda name: 0 if name == "start" else int(name[1:])  # noqa: E731
+    return {name: np.full(rounds, 0.3 + n * seconds[k_of(name)]) for name, n in counts.items()}
+
+  monkeypatch.setattr(calibrate, "round_robin_times", clock)
+  table = calibrate.measure_costs(Target(target, cfg, None, "t"), method, width=16,
+                                  max_new_tokens=12, tokens=8, rounds=3)  # fmt: skip
+  assert table.verify == pytest.approx([seconds[k] / seconds[0] for k in method.adaptive.ks])
+  assert counts["start"] < counts["k0"], counts
+  if loop == "tree":  # the noisy target's trees are mostly accepted: fewer, dearer steps
+    assert counts["k3"] < counts["k0"], counts
 
 
 def test_noisy_costs_are_made_non_decreasing():

@@ -1,23 +1,22 @@
 """The adaptive loop's cost table for one method on this machine: timed once, cached as JSON.
 
-`measure_costs` prefills a batch of random prompts, then times on that cache (jitted, warmed up,
-in round-robin rounds; each cost is the median of its per-round ratio to the AR step): the target
-pass over K + 1 tokens for each choice K (over the drafter's tree for the tree loop), the
-drafter's `propose` at each K > 0 (the tree's), and what an AR step of the adaptive loop spends
-keeping the drafter current (`specjax.adaptive.observer`: nothing for stateless drafters and for
-draft models, which catch up lazily; timed over a run of K_max + 1 AR steps against the same steps
-without it, since EAGLE feeds its head once per full window). Every cost is divided by the
-one-token pass (an AR step), and the verify and draft costs are made non-decreasing in K.
+`measure_costs` runs the method's own compiled adaptive loop on a batch of random prompts, forced
+to one choice per call, and times whole loop steps: the target pass over K + 1 tokens (over the
+drafter's tree for the tree loop), the drafting, the acceptance rule, the commits and the loop's
+bookkeeping, and for K = 0 the AR step with whatever it spends keeping the drafter current (EAGLE's
+window of deferred head passes, amortised over the run). Each cost is a step's time over the AR
+step's, the median over round-robin rounds, made non-decreasing in K. (Timing the target passes
+and proposals alone, as this module did before, put verify(2) anywhere from 1.01 to 1.24 AR steps
+on the same machine, 9% under to 18% over the loop's own prompt-lookup step.)
 `with_costs` gives a method a JSON file's table, or `CalibratedCosts`: for each padded prompt
 width the runner meets, the table cached under the specjax cache root, keyed by model, dtype,
-batch, drafter, choices, prompt width and machine (`specjax.adaptive.cost_key`), measured the
-first time.
+batch, drafter, choices, prompt width, token budget and machine (`specjax.adaptive.cost_key`),
+measured the first time.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from collections.abc import Callable
 
@@ -28,17 +27,25 @@ import numpy as np
 from specjax import adaptive as adp
 from specjax.experiment.methods import Method, Target
 from specjax.experiment.settings import ExperimentSettings
-from specjax.generate import init_sequence, prefill
-from specjax.model import forward
-from specjax.sampling import SamplingConfig
-from specjax.speculative import hidden_layers_of
+from specjax.generate import GenerateConfig
 
-GREEDY = SamplingConfig()
 # How `measure_costs` times (in every cache key: tables timed another way are measured again).
 # 2: round-robin rounds, per-round ratios, the cache donated and threaded.
 # 3: the AR steps' drafter cost timed over a run of K_max + 1 AR steps (EAGLE defers its head pass).
 # 4: verify and draft costs made non-decreasing in K (`non_decreasing`).
-TIMING_VERSION = 4
+# 5: whole steps of the method's own adaptive loop, forced to each choice (isolated target passes
+#    and proposals had timed verify(2) anywhere from 1.01 to 1.24 AR steps on the same machine, and
+#    missed what a loop step does besides them).
+TIMING_VERSION = 5
+# A cost that no choice is ever worth: the table that forces the loop to one choice.
+_NEVER = 1e6
+
+
+def forced(ks, i: int) -> adp.CostTable:
+  """A cost table under which the adaptive loop takes choice ks[i] at every step."""
+  return adp.CostTable(
+    ks, tuple(1.0 if j == i else _NEVER for j in range(len(ks))), (0.0,) * len(ks)
+  )
 
 
 def round_robin_times(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, np.ndarray]:
@@ -56,95 +63,55 @@ def round_robin_times(fns: dict[str, Callable[[], object]], rounds: int) -> dict
 
 
 def measure_costs(
-  target: Target, method: Method, batch: int = 1, width: int = 64, reps: int = 9
+  target: Target,
+  method: Method,
+  batch: int = 1,
+  width: int = 64,
+  max_new_tokens: int = 64,
+  tokens: int = 32,
+  rounds: int = 5,
 ) -> adp.CostTable:
-  """Times `method`'s step variants on this machine (see the module docstring).
+  """Times whole steps of `method`'s adaptive loop on this machine (see the module docstring).
 
-  Every cost is the median over rounds of its time over the same round's AR step (calls timed
-  round-robin). Target passes update the cache in place as in the decode loop (it is donated and
-  threaded from call to call, its lengths reset), so no call pays for a copy of the cache.
+  The loop runs on `batch` random prompts of `width` tokens, compiled for `max_new_tokens` (so
+  its cache has the run's capacity), with no stop tokens, forced to one choice per call
+  (`forced`): each choice with a budget of `tokens` tokens per row, and once a round the AR
+  choice with a budget of one token (the prefill and the drafter's set-up, which the other calls
+  share). A choice's step time is (its call - that call) / (its steps - that call's steps); its
+  cost is the median over `rounds` round-robin rounds of that over the same round's AR step time.
 
-  Args:
-    target: the target model.
-    method: an adaptive method (`method.adaptive` set).
-    batch: rows per call.
-    width: prompt tokens per row.
-    reps: timed rounds (after one warm-up call of each measurement).
+  Returns:
+    The table with each whole step in `verify` (so verify[0] = 1: the loop's own AR step, with
+    the drafter kept current, is the unit) and `draft` all 0, made non-decreasing in K.
   """
-  params, cfg, drafter, dp = target.params, target.cfg, method.drafter, method.draft_params
-  ks, tree = method.adaptive.ks, method.loop == "tree"
-  layers = hidden_layers_of(drafter)
-  block = drafter.n_nodes if tree else drafter.k + 1
-  capacity = width + 2 * block + 8 + drafter.capacity_slack()
+  from specjax.experiment.runner import run_method  # the runner imports the harness around this
+
+  ks, cfg = method.adaptive.ks, target.cfg
+  gen = GenerateConfig(max_new_tokens)
   rng = np.random.RandomState(0)
   prompts = jnp.asarray(rng.randint(0, cfg.vocab_size, (batch, width)), jnp.int32)
   lens = jnp.full((batch,), width, jnp.int32)
-  pre = prefill(params, cfg, prompts, lens, capacity, layers)
-  first = jnp.argmax(pre.logits, -1).astype(jnp.int32)
-  seq = init_sequence(prompts, lens, capacity).at[jnp.arange(batch), lens].set(first)
-  seq_len, key = lens + 1, jax.random.PRNGKey(0)
-  state = drafter.init(dp, pre, prompts, lens, capacity)
-  stateless = not jax.tree.leaves(state)
-  obs_width = drafter.max_depth + 1 if tree else drafter.k + 1
+  key, tokens = jax.random.PRNGKey(0), min(tokens, max_new_tokens)
+  steps: dict[str, int] = {}
 
-  def target_pass(p, c, tokens, positions, mask):
-    out = forward(p, tokens, c, cfg, positions=positions, new_mask=mask, hidden_layers=layers)
-    return out, out.cache.with_lengths(c.lengths)
+  def call(name: str, i: int, budget: int):
+    m = dataclasses.replace(method, costs=forced(ks, i))
+    budgets = jnp.full((batch,), budget, jnp.int32)
 
-  @functools.partial(jax.jit, donate_argnums=1)
-  def verify(p, c, tokens, positions=None, mask=None):
-    out, c = target_pass(p, c, tokens, positions, mask)
-    return out.logits, c
-
-  @functools.partial(jax.jit, donate_argnums=1, static_argnums=7)
-  def ar_steps(p, c, tokens, dp, st, s, n, observed):
-    """obs_width AR steps of the adaptive loop, from a state just after a speculative step: with
-    the drafter kept current (`observed`) or not (drafters may defer work to every n-th step)."""
-    observe, logits = adp.observer(drafter, dp, obs_width, stateless, GREEDY, tree), []
-    for _ in range(obs_width):
-      out, c = target_pass(p, c, tokens, None, None)
-      if observed:
-        m = jnp.ones_like(n)
-        st, n = observe(st, s, n, s, n + m, m, out, key), n + m
-      logits.append(out.logits)
-    return (st if observed else None, logits), c
-
-  # Threaded through the donating calls: a copy, since the drafter's state may share the prefill
-  # cache's buffers (a draft model's lengths), which donation would delete.
-  cache = [jax.tree.map(jnp.copy, pre.cache)]
-
-  def threaded(fn, *args):
-    def call():
-      out, cache[0] = fn(params, cache[0], *args)
+    def run():
+      out = run_method(target, m, gen, prompts, lens, key, budgets)
+      steps[name] = out.adaptive.n_steps  # read after the timing (block_until_ready)
       return out
 
-    return call
+    return run
 
-  fns = {"ar": threaded(verify, first[:, None])}
-  if not stateless:
-    for name, observed in (("ar_steps", False), ("observe", True)):
-      fns[name] = threaded(ar_steps, first[:, None], dp, state, seq, seq_len, observed)
-  if tree:
-    propose = jax.jit(lambda dp, st, s, n: drafter.propose(dp, st, s, n, key, GREEDY).tree)
-    t = propose(dp, state, seq, seq_len)
-    fns["verify"] = threaded(verify, t.tokens, (seq_len - 1)[:, None] + t.depth, t.mask)
-    fns["draft"] = lambda: propose(dp, state, seq, seq_len).tokens
-  else:
-    for k in ks[1:] if ks[0] == 0 else ks:
-      fns[f"verify{k}"] = threaded(verify, jnp.concatenate([first[:, None]] * (k + 1), 1))
-      dk = dataclasses.replace(drafter, k=k)
-      propose = jax.jit(lambda dp, st, s, n, dk=dk: dk.propose(dp, st, s, n, key, GREEDY).tokens)
-      fns[f"draft{k}"] = lambda f=propose: f(dp, state, seq, seq_len)
-  times = round_robin_times(fns, reps)
-  ratio = lambda name: float(np.median(times[name] / times["ar"]))  # noqa: E731
-  skip = (
-    0.0 if stateless else max(float(np.median(times["observe"] / times["ar_steps"])) - 1.0, 0.0)
-  )
-  if tree:
-    return adp.CostTable(ks, non_decreasing((1.0, ratio("verify"))), (skip, ratio("draft")))
-  verify_costs = non_decreasing([1.0 if k == 0 else ratio(f"verify{k}") for k in ks])
-  draft_costs = (skip, *non_decreasing([ratio(f"draft{k}") for k in ks[1:]]))
-  return adp.CostTable(ks, verify_costs, draft_costs)
+  fns = {"start": call("start", 0, 1)}
+  fns.update({f"k{k}": call(f"k{k}", i, tokens) for i, k in enumerate(ks)})
+  times = round_robin_times(fns, rounds)
+  n = {name: int(v) for name, v in steps.items()}
+  step = {k: (times[f"k{k}"] - times["start"]) / max(n[f"k{k}"] - n["start"], 1) for k in ks}
+  costs = [1.0] + [float(np.median(step[k] / step[0])) for k in ks[1:]]
+  return adp.CostTable(ks, non_decreasing(costs), (0.0,) * len(ks))
 
 
 def non_decreasing(costs) -> tuple[float, ...]:
@@ -169,12 +136,15 @@ class CalibratedCosts:
     s, d, m = self.settings, self.settings.drafter, self.method
     drafter = f"{m.name}|{m.loop}|{d.model}|{d.shipped}|{d.weights_dtype}"
     return adp.cost_key(
-      s.model, s.dtype, 1, drafter, m.adaptive.ks, width=int(width), timing=TIMING_VERSION
-    )
+      s.model, s.dtype, 1, drafter, m.adaptive.ks, width=int(width),
+      max_new_tokens=s.max_new_tokens, timing=TIMING_VERSION,
+    )  # fmt: skip
 
   def __call__(self, width: int) -> adp.CostTable:
     if width not in self.tables:
-      measure = lambda: measure_costs(self.target, self.method, 1, int(width))  # noqa: E731
+      measure = lambda: measure_costs(  # noqa: E731
+        self.target, self.method, 1, int(width), self.settings.max_new_tokens
+      )
       self.tables[width] = adp.cached_costs(self.key(width), measure, log=self.log)
     return self.tables[width]
 
