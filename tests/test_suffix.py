@@ -16,6 +16,7 @@ from scipy import stats
 from test_trees import V, _joint_pvalue, _tables  # the chi-square suite's tables and test
 from toy_models import exact_continuation_probs, tiny_config, tiny_model
 
+from specjax import adaptive as adp
 from specjax.drafters.suffix import (
   SEP,
   SuffixCache,
@@ -212,6 +213,27 @@ def test_greedy_identical_to_ar(toy, drafter):
   # of the same model make drafts much better.
   assert taus["damped", "row"] > 1.1, taus
   assert taus["random", "global"] > taus["random", "row"] + 0.5, taus
+
+
+@pytest.mark.parametrize("drafter", [CHAIN, TREE], ids=["chain", "tree"])
+def test_adaptive_greedy_identical_to_ar(toy, drafter):
+  """In adaptive mode (the tree form chooses between an AR step and its whole tree) under a table
+  that makes speculating pay only when the suffix matched well: identical to AR, with both
+  choices taken."""
+  cfg, P, L, gen, budgets, ar = toy
+  target, ar_tokens, ar_lens = ar["damped"]
+  tree = isinstance(drafter, SuffixTreeDrafter)
+  ks = (0, drafter.max_depth) if tree else (0, 2, 4)
+  drafter = drafter if tree else dataclasses.replace(drafter, k=max(ks))
+  costs = adp.CostTable(ks, (1.0,) + (1.5,) * (len(ks) - 1), (0.0,) * len(ks))
+  fn = tree_speculative_generate if tree else speculative_generate
+  out = fn(target, cfg, drafter, drafter.cache_from_outputs([]), P, L, gen,
+           max_new_per_row=budgets, adaptive=adp.AdaptiveConfig(ks, decay=0.8), costs=costs)  # fmt: skip
+  np.testing.assert_array_equal(np.asarray(out.lengths), ar_lens)
+  np.testing.assert_array_equal(np.asarray(out.tokens), ar_tokens)
+  trace = jax.tree.map(np.asarray, out.adaptive)
+  chosen = set(trace.choices[: int(trace.n_steps)].tolist())
+  assert 0 in chosen and len(chosen) >= 2, chosen
 
 
 def test_no_host_callbacks_or_transfers_in_loop(toy):
