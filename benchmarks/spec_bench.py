@@ -99,6 +99,7 @@ def adaptive_configs() -> list:
 def main(argv):
   del argv
   t0 = time.perf_counter()
+  log = lambda s: print(s, flush=True)  # noqa: E731
   target = load_target(_MODEL.value)
   if _PROMPTS.value == "heldout":
     prompts = corpus.heldout_prompts(corpus.SHIPPED, target.tokenizer, _PER_CATEGORY.value)
@@ -123,9 +124,8 @@ def main(argv):
     methods.append(build_method(settings_from_config(config), target))
   for config in adaptive_configs():
     settings = settings_from_config(config)
-    methods.append(with_costs(settings, target, build_method(settings, target)))
+    methods.append(with_costs(settings, target, build_method(settings, target), log=log))
   gen = GenerateConfig(_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
-  log = lambda s: print(s, flush=True)
   runner = Runner(target, methods, gen, log=log, repeats=_REPEATS.value)
   workdir = _WORKDIR.value or tempfile.mkdtemp(prefix="specjax_spec_bench_")
   settings = {

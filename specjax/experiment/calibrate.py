@@ -26,6 +26,7 @@ import numpy as np
 
 from specjax import adaptive as adp
 from specjax.experiment.methods import Method, Target
+from specjax.experiment.runner import run_method
 from specjax.experiment.settings import ExperimentSettings
 from specjax.generate import GenerateConfig
 
@@ -84,8 +85,6 @@ def measure_costs(
     The table with each whole step in `verify` (so verify[0] = 1: the loop's own AR step, with
     the drafter kept current, is the unit) and `draft` all 0, made non-decreasing in K.
   """
-  from specjax.experiment.runner import run_method  # the runner imports the harness around this
-
   ks, cfg = method.adaptive.ks, target.cfg
   gen = GenerateConfig(max_new_tokens)
   rng = np.random.RandomState(0)
@@ -142,9 +141,11 @@ class CalibratedCosts:
 
   def __call__(self, width: int) -> adp.CostTable:
     if width not in self.tables:
-      measure = lambda: measure_costs(  # noqa: E731
-        self.target, self.method, 1, int(width), self.settings.max_new_tokens
-      )
+
+      def measure():
+        self.log(f"  calibrating {self.method.name} for prompt width {width} (cached after)")
+        return measure_costs(self.target, self.method, 1, int(width), self.settings.max_new_tokens)
+
       self.tables[width] = adp.cached_costs(self.key(width), measure, log=self.log)
     return self.tables[width]
 
