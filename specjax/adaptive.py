@@ -1,23 +1,25 @@
 """Adaptive speculation inside the compiled loop: each step picks K (0 = a plain AR step) on device.
 
-Estimator (per row). Under the i.i.d. acceptance model of `specjax.k_policy` each drafted
-position is accepted with probability alpha_b. Row b keeps a Beta(a0, b0) prior and decayed counts
-of the evidence its steps gave: a step with K > 0 drafts that committed n drafts shows n accepted
-positions, plus one failure when n < K and the step also committed a correction token (a rejected
-draft, or a position the drafter had no proposal for: prompt-lookup misses fold into alpha, as in
+Estimator (per row and drafted depth). Each drafted depth d of row b is accepted, given that depth
+d - 1 was, with probability alpha_{b,d} (parallel drafters such as P-EAGLE fall off steeply with
+depth: one alpha for every depth, as `specjax.k_policy` assumes, overrates their long drafts). Each
+(b, d) keeps a Beta(a0, b0) prior and decayed counts of the evidence the row's steps gave: a step
+with K > 0 drafts that committed n drafts shows successes at depths 1..n, plus one failure at
+depth n + 1 when n < K and the step also committed a correction token (a rejected draft, or a
+position the drafter had no proposal for: prompt-lookup misses count, as in
 `k_policy.alpha_from_tokens_per_step`). A last step cut by a stop token or the budget shows no
 failure (the row is done anyway). K = 0 steps show nothing. Every step of a live row first
 multiplies its counts by `decay` (1.0: the plain Beta posterior), so old evidence fades back to the
 prior, which makes a row that stopped speculating try again once the prior alone would pay:
 
-    s_b <- decay * s_b + accepted_b,   f_b <- decay * f_b + failed_b,
-    alpha_b = (a0 + s_b) / (a0 + b0 + s_b + f_b).
+    s_bd <- decay * s_bd + [d <= n_b],   f_bd <- decay * f_bd + [d = n_b + 1, failed_b],
+    alpha_bd = (a0 + s_bd) / (a0 + b0 + s_bd + f_bd).
 
 Decision (per batch). Among static choices K in {0, K_1, .., K_max}, with cost(K) = the measured
 time of a step with K drafts in units of one AR step (verify(K) + drafting; `CostTable`), pick
 
-    argmax_K  sum over live rows b of E(alpha_b, K) / cost(K),
-    E(alpha, K) = 1 + alpha + .. + alpha^K = (1 - alpha^(K+1)) / (1 - alpha),
+    argmax_K  sum over live rows b of E_b(K) / cost(K),
+    E_b(K) = 1 + alpha_b1 + alpha_b1 alpha_b2 + .. + alpha_b1 .. alpha_bK,
 
 i.e. the most expected committed tokens per unit time; ties go to the smaller K. Every row then
 runs that step (one compiled step variant per K, picked on device by `run_one_of`), so per step the
@@ -140,19 +142,20 @@ class AdaptiveConfig:
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Estimate:
-  """Decayed evidence per row: successes (accepted positions) and failures, [B] float32 each."""
+  """Decayed evidence per row and drafted depth: successes and failures, [B, D] float32 each
+  (D = K_max; depth d is column d - 1)."""
 
   successes: jax.Array
   failures: jax.Array
 
   @classmethod
-  def zeros(cls, batch: int) -> Estimate:
-    z = jnp.zeros((batch,), jnp.float32)
+  def zeros(cls, batch: int, depth: int) -> Estimate:
+    z = jnp.zeros((batch, depth), jnp.float32)
     return cls(z, z)
 
 
 def alpha_estimate(est: Estimate, prior_a: float, prior_b: float) -> jax.Array:
-  """[B] posterior mean of alpha: (a0 + s) / (a0 + b0 + s + f)."""
+  """[B, D] posterior mean of alpha_d: (a0 + s_d) / (a0 + b0 + s_d + f_d)."""
   return (prior_a + est.successes) / (prior_a + prior_b + est.successes + est.failures)
 
 
@@ -164,21 +167,26 @@ def update_estimate(
   Args:
     est: the estimate before the step.
     k: scalar K of the step (0: no evidence, only decay).
-    kept: [B] drafts the step committed.
-    emitted: [B] tokens the step committed.
+    kept: [B] drafts the step committed: a success at depths 1..kept.
+    emitted: [B] tokens the step committed (a failure at depth kept + 1 when kept < k and the step
+      committed a correction token).
     live: [B] rows that ran the step (others are left as they are).
     decay: evidence kept per step.
   """
-  failed = ((kept < k) & (emitted > kept)).astype(jnp.float32)
-  s = decay * est.successes + kept.astype(jnp.float32)
-  f = decay * est.failures + failed
-  return Estimate(jnp.where(live, s, est.successes), jnp.where(live, f, est.failures))
+  depth = jnp.arange(1, est.successes.shape[1] + 1)[None, :]
+  failed = ((kept < k) & (emitted > kept))[:, None] & (depth == kept[:, None] + 1)
+  s = decay * est.successes + (depth <= kept[:, None]).astype(jnp.float32)
+  f = decay * est.failures + failed.astype(jnp.float32)
+  keep = live[:, None]
+  return Estimate(jnp.where(keep, s, est.successes), jnp.where(keep, f, est.failures))
 
 
 def expected_tokens(alpha: jax.Array, ks: Sequence[int]) -> jax.Array:
-  """E(alpha_b, K) = sum_{j <= K} alpha_b^j for each choice: [B, len(ks)] (exact at alpha = 1)."""
-  powers = alpha[:, None] ** jnp.arange(max(ks) + 1, dtype=jnp.float32)[None, :]
-  return jnp.cumsum(powers, 1)[:, jnp.asarray(ks)]
+  """E(alpha_b, K) = 1 + alpha_1 + alpha_1 alpha_2 + .. + alpha_1 .. alpha_K for each choice:
+  [B, len(ks)] from per-depth alpha [B, D >= max(ks)]."""
+  reach = jnp.cumprod(alpha[:, : max(max(ks), 1)], axis=1)
+  ones = jnp.ones_like(alpha[:, :1])
+  return jnp.cumsum(jnp.concatenate([ones, reach], 1), 1)[:, jnp.asarray(ks)]
 
 
 def choose(
@@ -187,7 +195,7 @@ def choose(
   """Index into `ks` maximising sum_b live_b E(alpha_b, K) / cost(K); the first on ties.
 
   Args:
-    alpha: [B] acceptance estimates.
+    alpha: [B, D] acceptance estimates per drafted depth (D >= max(ks)).
     live: [B] rows still decoding.
     ks: the static choices.
     step_costs: [len(ks)] cost of a step with each choice (`CostTable.step_costs`).
@@ -257,7 +265,7 @@ def run_adaptive(
     choices = tr.choices.at[jnp.minimum(tr.n_steps, max_steps - 1)].set(i)
     return new, est, AdaptiveTrace(counts, choices, tr.n_steps + 1, ks)
 
-  carry = (state, Estimate.zeros(B), trace)
+  carry = (state, Estimate.zeros(B, max(max(config.ks), 1)), trace)
   state, _, trace = jax.lax.while_loop(lambda c: ~jnp.all(c[0].done), body, carry)
   return state, trace
 

@@ -35,13 +35,20 @@ from specjax.trees import StaticTree
 
 
 def test_expected_tokens_per_choice():
-  got = adp.expected_tokens(jnp.array([0.5, 0.8, 0.0, 1.0]), (0, 1, 3))
+  iid = jnp.array([0.5, 0.8, 0.0, 1.0])[:, None] * jnp.ones((1, 3))
+  got = adp.expected_tokens(iid, (0, 1, 3))
   want = [[1, 1.5, 1.875], [1, 1.8, 2.952], [1, 1, 1], [1, 2, 4]]
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6)
+  # Per depth: 1, 1 + 0.5, 1 + 0.5 + 0.5 * 0.2 + 0.5 * 0.2 * 1.0.
+  got = adp.expected_tokens(jnp.array([[0.5, 0.2, 1.0]]), (0, 1, 3))
+  np.testing.assert_allclose(np.asarray(got), [[1, 1.5, 1.7]], rtol=1e-6)
 
 
 def test_update_estimate_counts_accepts_failures_and_not_cut_steps():
-  est = adp.Estimate(jnp.array([2.0, 0.0, 1.0, 4.0]), jnp.array([1.0, 1.0, 0.0, 2.0]))
+  est = adp.Estimate(
+    jnp.array([[2.0, 1.0], [0.0, 0.0], [1.0, 0.0], [4.0, 2.0]]),
+    jnp.array([[1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [2.0, 1.0]]),
+  )
   # K = 2; row 0 accepted both (bonus token), row 1 rejected the first draft, row 2 is done,
   # row 3 accepted one draft and a stop token cut the step there (no correction token: censored).
   new = adp.update_estimate(
@@ -52,29 +59,37 @@ def test_update_estimate_counts_accepts_failures_and_not_cut_steps():
     live=jnp.array([True, True, False, True]),
     decay=0.5,
   )
-  np.testing.assert_allclose(np.asarray(new.successes), [3.0, 0.0, 1.0, 3.0])
-  np.testing.assert_allclose(np.asarray(new.failures), [0.5, 1.5, 0.0, 1.0])
-  # (a0 + s) / (a0 + b0 + s + f) with a Beta(1, 1) prior: 4 / 5.5, 1 / 3.5, 2 / 3, 4 / 6.
+  # Successes at depths 1..kept, a failure at depth kept + 1 (row 1: depth 1; row 3: none).
+  np.testing.assert_allclose(np.asarray(new.successes), [[2, 1.5], [0, 0], [1, 0], [3, 1]])
+  np.testing.assert_allclose(np.asarray(new.failures), [[0.5, 0], [1.5, 0], [0, 0], [1, 0.5]])
+  # (a0 + s) / (a0 + b0 + s + f) with a Beta(1, 1) prior, per depth.
   alpha = adp.alpha_estimate(new, 1.0, 1.0)
-  np.testing.assert_allclose(np.asarray(alpha), [4 / 5.5, 1 / 3.5, 2 / 3, 4 / 6], rtol=1e-6)
+  want = [[3 / 4.5, 2.5 / 3.5], [1 / 3.5, 1 / 2], [2 / 3, 1 / 2], [4 / 6, 2 / 3.5]]
+  np.testing.assert_allclose(np.asarray(alpha), want, rtol=1e-6)
   # A K = 0 step gives no evidence; evidence only decays back towards the prior.
   off = adp.update_estimate(new, jnp.int32(0), jnp.zeros(4, int), jnp.ones(4, int),
                             jnp.ones(4, bool), 0.5)  # fmt: skip
-  np.testing.assert_allclose(np.asarray(off.successes), [1.5, 0.0, 0.5, 1.5])
-  np.testing.assert_allclose(np.asarray(off.failures), [0.25, 0.75, 0.0, 0.5])
+  np.testing.assert_allclose(np.asarray(off.successes), 0.5 * np.asarray(new.successes))
+  np.testing.assert_allclose(np.asarray(off.failures), 0.5 * np.asarray(new.failures))
 
 
 def test_choose_on_hand_computed_numbers():
   ks, costs = (0, 1, 3), jnp.array([1.0, 1.2, 1.6])
-  alpha = jnp.array([0.5, 0.8])
+  alpha = jnp.array([[0.5] * 3, [0.8] * 3])
   # Both live: sums of E are 2, 3.3, 4.827; over the costs 2.0, 2.75, 3.0169 -> K = 3.
   assert int(adp.choose(alpha, jnp.array([True, True]), ks, costs)) == 2
   # Row 1 done: 1, 1.5, 1.875 over the costs 1.0, 1.25, 1.1719 -> K = 1.
   assert int(adp.choose(alpha, jnp.array([True, False]), ks, costs)) == 1
   # A tie (1.5 / 1.5 = 1 = AR) goes to the smaller K.
-  assert int(adp.choose(jnp.array([0.5]), jnp.array([True]), (0, 1), jnp.array([1, 1.5]))) == 0
+  one = jnp.array([[0.5]])
+  assert int(adp.choose(one, jnp.array([True]), (0, 1), jnp.array([1, 1.5]))) == 0
   # Nothing accepted: AR, as long as every speculative step costs more than an AR step.
-  assert int(adp.choose(jnp.zeros(3), jnp.ones(3, bool), ks, costs)) == 0
+  assert int(adp.choose(jnp.zeros((3, 3)), jnp.ones(3, bool), ks, costs)) == 0
+  # Acceptance that falls with depth (a parallel drafter): E = 1, 1.6, 1.666 over the costs
+  # 1, 1.333, 1.041 -> K = 1, where one alpha of 0.6 at every depth would draft 3 (2.176 / 1.6).
+  live = jnp.array([True])
+  assert int(adp.choose(jnp.array([[0.6, 0.1, 0.1]]), live, ks, costs)) == 1
+  assert int(adp.choose(jnp.array([[0.6] * 3]), live, ks, costs)) == 2
 
 
 def test_cost_tables_from_rates_and_files(tmp_path):
@@ -364,9 +379,10 @@ def _adaptive_samples(small_vocab, rule):
   target, cfg, draft, dcfg, prompt, _ = small_vocab
   P, L = pad_prompts([prompt] * N_SAMPLES, bucket=len(prompt))
   gen = GenerateConfig(max_new_tokens=4, sampling=SAMPLING)
-  # K = 1 at the prior mean 0.4 (1.4 / 1.3 beats 1.56 / 1.55 and 1), then K = 2 and K = 0 as the
-  # rows' estimates spread (the trace is [1, 2, 0]): every branch runs.
-  table = adp.CostTable((0, 1, 2), (1.0, 1.3, 1.55), (0.0, 0.0, 0.0))
+  # K = 1 at the prior mean 0.4 (1.4 / 1.3 = 1.077 beats 1.56 / 1.46 = 1.068 and 1), then K = 2
+  # once the rows that accepted a draft have alpha_1 = 0.7, and K = 0 as the rows' estimates
+  # spread: every branch runs (asserted below).
+  table = adp.CostTable((0, 1, 2), (1.0, 1.3, 1.46), (0.0, 0.0, 0.0))
   config = adp.AdaptiveConfig((0, 1, 2), prior_a=0.4, prior_b=0.6)
   out = speculative_generate(target, cfg, DraftModelDrafter(dcfg, k=2), draft, P, L, gen,
                              rule=rule, key=jax.random.PRNGKey(3), adaptive=config, costs=table)  # fmt: skip
