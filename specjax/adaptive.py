@@ -192,7 +192,7 @@ def expected_tokens(alpha: jax.Array, ks: Sequence[int]) -> jax.Array:
 def choose(
   alpha: jax.Array, live: jax.Array, ks: Sequence[int], step_costs: jax.Array
 ) -> jax.Array:
-  """Index into `ks` maximising sum_b live_b E(alpha_b, K) / cost(K); the first on ties.
+  """Index into `ks` maximising sum_b live_b E_b(K) / cost(K) (`expected_tokens`); first on ties.
 
   Args:
     alpha: [B, D] acceptance estimates per drafted depth (D >= max(ks)).
