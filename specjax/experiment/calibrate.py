@@ -6,8 +6,8 @@ drafter's tree for the tree loop), the drafting, the acceptance rule, the commit
 bookkeeping, and for K = 0 the AR step with whatever it spends keeping the drafter current (EAGLE's
 window of deferred head passes, amortised over the run). Each cost is a step's time over the AR
 step's, the median over round-robin rounds, made non-decreasing in K. (Timing the target passes
-and proposals alone, as this module did before, put verify(2) anywhere from 1.01 to 1.24 AR steps
-on the same machine, 9% under to 18% over the loop's own prompt-lookup step.)
+and proposals alone, as this module did before, put a K = 2 prompt-lookup step anywhere from 1.01
+to 1.24 AR steps on the same machine, 9% under to 18% over the loop's own step.)
 `with_costs` gives a method a JSON file's table, or `CalibratedCosts`: for each padded prompt
 width the runner meets, the table cached under the specjax cache root, keyed by model, dtype,
 batch, drafter, choices, prompt width, token budget and machine (`specjax.adaptive.cost_key`),
@@ -35,8 +35,8 @@ from specjax.generate import GenerateConfig
 # 3: the AR steps' drafter cost timed over a run of K_max + 1 AR steps (EAGLE defers its head pass).
 # 4: verify and draft costs made non-decreasing in K (`non_decreasing`).
 # 5: whole steps of the method's own adaptive loop, forced to each choice (isolated target passes
-#    and proposals had timed verify(2) anywhere from 1.01 to 1.24 AR steps on the same machine, and
-#    missed what a loop step does besides them).
+#    and proposals had timed a K = 2 prompt-lookup step at 1.01 to 1.24 AR steps on the same
+#    machine, and missed what a loop step does besides them).
 TIMING_VERSION = 5
 # A cost that no choice is ever worth: the table that forces the loop to one choice.
 _NEVER = 1e6
