@@ -49,7 +49,7 @@ from absl import app, flags
 from specjax import adaptive as adp
 from specjax import k_policy
 from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
-from specjax.experiment.calibrate import measure_costs
+from specjax.experiment.calibrate import measure_costs, round_robin_times
 from specjax.experiment.methods import Method, load_shipped_drafter, load_target, truncate_layers
 from specjax.experiment.tasks import (
   SPEC_BENCH_CATEGORIES,
@@ -111,19 +111,24 @@ def compiled(fn, args):
 
 
 def round_robin(calls: dict, repeats: int) -> dict:
-  """{name: (best wall s, best CPU s, output)} of every compiled call, run `repeats` times
-  round-robin, every other round in reverse order, so drift of the shared host's speed over the
-  run falls on all calls alike rather than on whichever ran last."""
-  best = {m: [float("inf"), float("inf"), None] for m in calls}
-  for r in range(repeats):
-    for m in list(calls) if r % 2 == 0 else list(calls)[::-1]:
-      fn, args = calls[m]
-      w0, c0 = time.perf_counter(), time.process_time()
-      out = jax.block_until_ready(fn(*args))
-      wall, cpu = time.perf_counter() - w0, time.process_time() - c0
-      b = best[m]
-      b[0], b[1], b[2] = min(b[0], wall), min(b[1], cpu), out
-  return {m: tuple(b) for m, b in best.items()}
+  """{name: (best wall s, best CPU s, output)} of every compiled call, timed in `repeats`
+  round-robin rounds by `calibrate.round_robin_times` (every other round in reverse order, so
+  drift of the shared host's speed over the run falls on all calls alike)."""
+  cpu, outs = {m: [] for m in calls}, {}
+
+  def call(m):
+    fn, args = calls[m]
+
+    def run():
+      c0 = time.process_time()
+      outs[m] = jax.block_until_ready(fn(*args))
+      cpu[m].append(time.process_time() - c0)
+      return outs[m]
+
+    return run
+
+  walls = round_robin_times({m: call(m) for m in calls}, repeats)
+  return {m: (float(walls[m].min()), min(cpu[m]), outs[m]) for m in calls}
 
 
 def short_prompts(tokenizer, n: int, bucket: int) -> list[list[int]]:
