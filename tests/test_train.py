@@ -407,6 +407,27 @@ def test_decontaminator_flags_exact_and_near_duplicates():
   assert m is not None and m.eval_set == "x" and m.eval_index == 0
 
 
+def test_decontaminator_flags_a_long_shared_phrase_below_the_ngram_threshold():
+  """The first corpus's defect: a long evaluation prompt and a training prompt shared one phrase
+  ("could include providing step-by-step instructions for solving") and nothing else, too few
+  8-grams for the n-gram rule; the shared-span rule catches it."""
+  teacher = (
+    "I want you to act as a math teacher. I will provide some mathematical equations or terms, "
+    "and it will be your job to explain them in easy-to-understand terms. This could include "
+    "providing step-by-step instructions for solving a problem, demonstrating various techniques "
+    "with visuals or suggesting online resources for further study."
+  )
+  train_text = (
+    "You will be given a subject that you need to teach me. Your answer could include providing "
+    "step-by-step instructions for solving exercises, and a short quiz at the end."
+  )
+  assert decontam.Decontaminator({"x": [teacher]}, span=10_000).is_clean(train_text)  # n-grams only
+  m = decontam.Decontaminator({"x": [teacher]}).match(train_text)
+  assert m is not None and (m.eval_set, m.eval_index) == ("x", 0)
+  # A shorter common run is not a match.
+  assert decontam.Decontaminator({"x": [teacher]}).is_clean("This could include a short quiz.")
+
+
 @pytest.mark.slow
 def test_training_prompts_exclude_every_evaluation_prompt(smollm2):
   """Every shipped drafter was trained on the committed corpus (sha256 and generating target

@@ -392,6 +392,7 @@ def pack_corpus(out_dir: str, path: str, prompts: Sequence[TrainPrompt], n_heldo
     # The whole prompt list in order (answered or not), so that generation can continue from this
     # file on another machine without rebuilding the list through the filters.
     prompt_order=[[p.source, p.index] for p in prompts],
+    n_heldout=n_heldout,
     sha256=digest,
   )
   with open(path[: -len(".npz")] + ".json" if path.endswith(".npz") else path + ".json", "w") as f:
@@ -478,16 +479,68 @@ def seed_from_packed(out_dir: str, path: str, manifest: dict) -> int:
   return len(docs)
 
 
+# Manifest fields that say how a document was generated (not which prompts were asked): a corpus
+# may take another's documents only if these agree.
+GENERATION_FIELDS = (
+  "target",
+  "target_source_sha256",
+  "target_weights",
+  "dtype",
+  "decoding",
+  "max_new_tokens",
+)
+
+
+def seed_from_base(
+  out_dir: str, base_path: str, plist: Sequence[TrainPrompt], manifest: dict
+) -> int:
+  """Starts an empty corpus directory with the documents of a packed base corpus whose prompts
+  are in `plist` (by source and index, with equal chat tokens), so an extended corpus does not
+  answer them again.
+
+  Returns the documents taken (0 when `out_dir` already has shards: nothing is changed).
+
+  Raises:
+    ValueError: the base was generated differently (target, dtype, decoding or budget), or
+      fails its sha256.
+  """
+  if glob.glob(os.path.join(out_dir, "shard_*.npz")):
+    return 0
+  meta = read_meta(base_path)
+  have = meta["manifest"]
+  diff = [k for k in GENERATION_FIELDS if have.get(k) != manifest.get(k)]
+  if diff:
+    detail = "; ".join(f"{k}: {have.get(k)!r} there, {manifest.get(k)!r} now" for k in diff)
+    raise ValueError(
+      f"{base_path} was generated differently ({detail}); its documents are not this run's"
+    )
+  check_manifest(out_dir, manifest)
+  where = {(p.source, p.index): i for i, p in enumerate(plist)}
+  base_order = meta["prompt_order"]
+  with np.load(base_path) as z:
+    stopped = z["stopped"]
+  taken = []
+  for d, st in zip(load_documents(base_path), stopped):
+    source, index = base_order[d.prompt_index]
+    i = where.get((source, int(index)))
+    if i is not None and tuple(d.tokens[: d.prompt_len]) == plist[i].tokens:
+      taken.append(Document(i, np.asarray(d.tokens, np.int32), d.prompt_len, bool(st)))
+  if taken:
+    _write_shard(out_dir, taken)
+  return len(taken)
+
+
 def prompts_from_order(order: Sequence[Sequence], tokenizer, min_ascii: float) -> list[TrainPrompt]:
   """Rebuilds a prompt list from its (source, index) pairs (`pack_corpus`'s `prompt_order`).
 
   ShareGPT indices are conversation indices (the first human turn is the prompt), GSM8K train
-  indices are question indices; texts come from the pinned sources and are encoded with the
-  target's chat template as when the list was built; `min_ascii` is the recipe's (ShareGPT turns
-  are deduplicated among those that pass it).
+  indices are question indices, task prompts (`train.task_prompts.TASKS`) are rebuilt by
+  `task_prompts.text_of`; texts come from the pinned sources and are encoded with the target's
+  chat template as when the list was built; `min_ascii` is the recipe's (ShareGPT turns are
+  deduplicated among those that pass it).
   """
   from train import prompts as prompt_recipe
-  from train import sources
+  from train import sources, task_prompts
 
   texts = {"sharegpt": {}, "gsm8k_train": {}}
   wanted = {(s, int(i)) for s, i in order}
@@ -501,7 +554,7 @@ def prompts_from_order(order: Sequence[Sequence], tokenizer, min_ascii: float) -
     texts["gsm8k_train"] = dict(enumerate(questions))
   out = []
   for source, i in order:
-    text = texts[source][int(i)]
+    text = texts[source][int(i)] if source in texts else task_prompts.text_of(source, int(i))
     tokens = tokenizer.encode_chat([{"role": "user", "content": text}])
     out.append(TrainPrompt(source, int(i), text, tuple(tokens)))
   return out

@@ -3,7 +3,10 @@
 Texts are normalised (Unicode NFKC, lower case, every run of non-alphanumerics a single space) and
 cut into word n-grams. A training text is contaminated by an evaluation text e when it contains e
 whole, or shares at least `min(ceil(frac * grams(e)), max_hits)` of e's distinct n-grams: half of a
-short prompt reworded at the edges, or a 20-word passage of a long article, is enough.
+short prompt reworded at the edges, or a 20-word passage of a long article, is enough. It is also
+contaminated when it shares a long run of characters with e (normalised text, `span` characters
+sampled every `span // 3` along e, so any shared run of `4 * span // 3` characters is caught): a
+phrase of a dozen common words can sit below the n-gram threshold (the first corpus let one through).
 """
 
 from __future__ import annotations
@@ -49,12 +52,19 @@ class Decontaminator:
     n: n-gram length in words.
     frac: fraction of an evaluation text's n-grams that marks a near duplicate.
     max_hits: shared n-grams that always mark a match (long passages quoted in part).
+    span: characters of normalised text whose shared run marks a match.
   """
 
   def __init__(
-    self, eval_sets: Mapping[str, Sequence[str]], n: int = 8, frac: float = 0.5, max_hits: int = 13
+    self,
+    eval_sets: Mapping[str, Sequence[str]],
+    n: int = 8,
+    frac: float = 0.5,
+    max_hits: int = 13,
+    span: int = 48,
   ):
-    self.n = n
+    self.n, self.span = n, span
+    self._spans: dict[str, int] = {}
     self._index: dict[tuple[str, ...], list[int]] = collections.defaultdict(list)
     self._ids: list[tuple[str, int]] = []
     self._needed: list[int] = []
@@ -69,6 +79,9 @@ class Decontaminator:
           self._short_lengths.add(len(words))
         eid = len(self._ids)
         self._ids.append((name, i))
+        flat = " ".join(words)
+        for j in range(0, len(flat) - span + 1, max(span // 3, 1)):
+          self._spans.setdefault(flat[j : j + span], eid)
         self._needed.append(min(math.ceil(frac * len(grams)), max_hits))
         for g in grams:
           self._index[g].append(eid)
@@ -90,7 +103,15 @@ class Decontaminator:
     for eid, count in hits.items():
       if count >= self._needed[eid] and (best is None or count > best.shared):
         best = Match(*self._ids[eid], count, self._needed[eid])
-    return best
+    return best or self._span_match(" ".join(words))
+
+  def _span_match(self, flat: str) -> Match | None:
+    """A run of `span` characters shared with an evaluation text (shared = needed = 1)."""
+    for j in range(len(flat) - self.span + 1):
+      eid = self._spans.get(flat[j : j + self.span])
+      if eid is not None:
+        return Match(*self._ids[eid], 1, 1)
+    return None
 
   def is_clean(self, text: str) -> bool:
     return self.match(text) is None

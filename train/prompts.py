@@ -124,3 +124,91 @@ def fingerprint(prompts: Sequence[TrainPrompt]) -> str:
   for p in prompts:
     h.update(json.dumps([p.source, p.index, p.text]).encode())
   return h.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskRecipe:
+  """A corpus that extends a packed one with task-shaped prompts (`train.task_prompts`).
+
+  The new prompt list keeps the base corpus's prompts (those the decontaminator now rejects are
+  dropped) and adds tasks. Its order is: the base's held-out front, `heldout_per_task` held-out
+  prompts of each task, the base's answered training prompts, then a shuffle of every task's
+  training prompts with the base's next `n_base_more` unanswered prompts (so any prefix of what is
+  generated next mixes them), and last the base's other unanswered prompts.
+
+  Attributes:
+    base: file name of the packed corpus extended.
+    base_sha256: its sha256.
+    tasks: ((task, prompts wanted), ...) in `task_prompts.TASKS` order.
+    heldout_per_task: held-out prompts of each task.
+    n_base_more: unanswered base prompts shuffled in with the tasks.
+    min_tokens, max_tokens: rendered length limits of a task prompt.
+    min_ascii: the base recipe's ShareGPT filter (rebuilds its first turns).
+    seed: shuffle seed.
+  """
+
+  base: str
+  base_sha256: str
+  tasks: tuple[tuple[str, int], ...]
+  heldout_per_task: int = 40
+  n_base_more: int = 3000
+  min_tokens: int = 16
+  max_tokens: int = 1024
+  min_ascii: float = 0.97
+  seed: int = 2
+
+
+def task_prompts_for(
+  recipe: TaskRecipe, tokenizer, clean: decontam.Decontaminator, pools=None
+) -> dict[str, list[TrainPrompt]]:
+  """Each task's prompts: its candidates in a seeded shuffle, the first that fit the length limits
+  and are clean, as many as the recipe wants (`pools`: `task_prompts.Pools`, default ShareGPT's)."""
+  from train import task_prompts
+
+  out = {}
+  for k, (task, want) in enumerate(recipe.tasks):
+    cands = list(task_prompts.candidates(task, pools))
+    random.Random(recipe.seed * 1000 + k).shuffle(cands)
+    chosen = []
+    for index, text in cands:
+      if len(chosen) == want:
+        break
+      if len(text) > 8 * recipe.max_tokens:
+        continue
+      tokens = tokenizer.encode_chat([{"role": "user", "content": text}])
+      if recipe.min_tokens <= len(tokens) <= recipe.max_tokens and clean.is_clean(text):
+        chosen.append(TrainPrompt(task, index, text, tuple(tokens)))
+    out[task] = chosen
+  return out
+
+
+def extend_prompts(
+  recipe: TaskRecipe,
+  base: Sequence[TrainPrompt],
+  base_heldout: int,
+  base_answered: set[int],
+  tokenizer,
+  clean: decontam.Decontaminator,
+  pools=None,
+) -> tuple[list[TrainPrompt], int]:
+  """The extended prompt list (order in `TaskRecipe`) and its number of held-out prompts.
+
+  Args:
+    recipe: the extension.
+    base: the base corpus's whole prompt list, in its order.
+    base_heldout: its held-out front.
+    base_answered: indices into `base` that the base corpus answered.
+    tokenizer: the target's tokenizer.
+    clean: the decontaminator over every evaluation set (`sources.eval_texts`).
+    pools: `task_prompts.Pools` to draw tasks from (default: the pinned ShareGPT file's).
+  """
+  kept = [i for i, p in enumerate(base) if clean.is_clean(p.text)]
+  tasks = task_prompts_for(recipe, tokenizer, clean, pools)
+  h = recipe.heldout_per_task
+  front = [base[i] for i in kept if i < base_heldout]
+  front += [p for ps in tasks.values() for p in ps[:h]]
+  answered = [base[i] for i in kept if i >= base_heldout and i in base_answered]
+  rest = [base[i] for i in kept if i >= base_heldout and i not in base_answered]
+  mixed = [p for ps in tasks.values() for p in ps[h:]] + rest[: recipe.n_base_more]
+  random.Random(recipe.seed).shuffle(mixed)
+  return front + answered + mixed + rest[recipe.n_base_more :], len(front)
