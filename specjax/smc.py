@@ -261,11 +261,11 @@ def take_within_groups(tree, axes, ancestors: jax.Array):
   """
   R, N = ancestors.shape
 
-  def take(x, ax):
-    g = jnp.moveaxis(x, ax, 0)
-    g = g.reshape((R, N) + g.shape[1:])
-    g = jax.vmap(lambda rows, idx: rows[idx])(g, ancestors)
-    return jnp.moveaxis(g.reshape((R * N,) + g.shape[2:]), 0, ax)
+  def take(x, ax):  # batched over requests in place (no moveaxis: XLA copied whole caches to
+    # a batch-major layout and back around every cycle)
+    g = x.reshape(x.shape[:ax] + (R, N) + x.shape[ax + 1 :])
+    pick = lambda rows, idx: jnp.take(rows, idx, axis=ax)  # noqa: E731
+    return jax.vmap(pick, in_axes=(ax, 0), out_axes=ax)(g, ancestors).reshape(x.shape)
 
   return _map_rows(take, tree, axes)
 

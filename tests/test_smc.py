@@ -196,6 +196,31 @@ def test_stops_mask_weights_and_end_particles(toy):
   assert np.isfinite(np.asarray(out.log_z)).all()
 
 
+def test_cycles_copy_no_cache_unless_they_resample():
+  """The compiled loop updates its caches in place: the only cache-sized copies outside the
+  set-up are the resampling branch's own gathers, one per cache array (target K, V, draft K, V).
+  The resampling conditional used to copy all four caches to a batch-major layout and back around
+  every cycle, resampled or not (12 copies here; 8 for SmolLM2, benchmarks/cache_donation.py).
+  The models have 2 layers and 2 KV heads: with size-1 axes XLA picks other layouts."""
+  kw = dict(vocab=V, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
+  (target, cfg), (draft, dcfg) = tiny_model(20, scale=0.3, **kw), tiny_model(21, **kw)
+  P, L = pad_prompts([PROMPT] * 2, bucket=len(PROMPT))
+  smc = SMCConfig(n_particles=4, max_new_tokens=8, draft_temperature=1.0)
+  drafter = DraftModelDrafter(dcfg, k=2)
+  args = (target, draft, P, L, jnp.full((2,), 8, jnp.int32), jax.random.PRNGKey(0))
+  hlo = smc_lib._smc.lower(*args, cfg, drafter, smc).compile().as_text()
+  caches = [f"f32[{c.n_layers},8," for c in (cfg, dcfg)]  # [L, R * N rows, S, Hkv, Dh]
+  where, comp = [], None
+  for line in hlo.splitlines():
+    if line and not line.startswith(" ") and line.rstrip().endswith("{"):
+      comp = line.split(" ")[0]
+    result = line.split("=", 1)[1].lstrip() if "=" in line else ""
+    if " copy(" in line and any(result.startswith(c) for c in caches):
+      where.append(comp)
+  inside = [c for c in where if c != "ENTRY"]
+  assert len(inside) <= 4 and len(set(inside)) <= 1, where
+
+
 def test_per_row_budgets_end_each_request(toy):
   target, cfg, draft, dcfg = toy
   P, L = pad_prompts([PROMPT] * 3, bucket=len(PROMPT))
