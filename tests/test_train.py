@@ -285,6 +285,29 @@ def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, kind):
   assert summarize(out.metrics)["drafted"] > 0
 
 
+def test_an_eagle_head_continues_from_a_shipped_one(tiny, tmp_path):
+  """objective.init_from starts from a shipped head's weights and keeps its draft vocabulary."""
+  root, params, cfg = tiny[:3]
+  if not (root / "shipped" / "tiny-eagle3.json").exists():
+    pytest.skip("needs tiny-eagle3, shipped by test_each_kind_learns_ships_and_decodes_exactly")
+  shipped = load_shipped("tiny-eagle3", params, cfg, str(root / "shipped"))
+  config = tiny_config("train_eagle3", root, steps=2, init_from="tiny-eagle3")
+  config.data.draft_vocab = 40  # the data would choose another vocabulary; the head's wins
+  objective = pipeline.make_objective(dict(config.objective), cfg)
+  d2t = np.asarray(shipped.params.d2t)
+  trainable, frozen = objective.init(jax.random.PRNGKey(1), params, cfg, d2t, str(root / "shipped"))
+  start = objective.draft_params(trainable, frozen)
+  for field in ("w_in", "fuse", "fuse_norm", "norm", "head"):
+    np.testing.assert_array_equal(getattr(start, field), getattr(shipped.params, field))
+  config.train.update({"steps": 2, "save_every": 1000})
+  pipeline.run(config, str(tmp_path / "w"), lambda _: None)
+  np.testing.assert_array_equal(np.load(tmp_path / "w" / "d2t.npy"), d2t)
+  with pytest.raises(ValueError, match="fuses differently"):
+    pipeline.make_objective({**dict(config.objective), "fuse_norm": False}, cfg).init(
+      jax.random.PRNGKey(1), params, cfg, d2t, str(root / "shipped")
+    )
+
+
 def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_path):
   root = tiny[0]
   config = tiny_config("train_peagle", root, base="")

@@ -45,7 +45,7 @@ class TrainSettings:
     log_every: steps between progress lines.
     eval_every: steps between held-out evaluations (0: only at the end).
     save_every: steps between checkpoints.
-    eval_windows: held-out windows evaluated (0: no held-out evaluation).
+    eval_windows: held-out windows evaluated, spread over the held-out stream (0: no evaluation).
   """
 
   steps: int = 1000
@@ -98,10 +98,12 @@ def make_train_step(objective, optimizer: optax.GradientTransformation) -> Calla
 
 
 def evaluate(objective, params, frozen, windows: Windows, n_windows: int, batch_size: int) -> dict:
-  """Held-out agreement: {metric: hits / count} over the first n_windows windows."""
+  """Held-out agreement: {metric: hits / count} over n_windows windows spread evenly over the
+  held-out stream (all of them when it has no more), so every held-out source is sampled."""
   fn = jax.jit(objective.evaluate)
   sums: dict[str, np.ndarray] = {}
-  ids = np.arange(min(n_windows, windows.n_windows))
+  n = min(n_windows, windows.n_windows)
+  ids = np.unique(np.linspace(0, windows.n_windows - 1, n).round().astype(np.int64))
   for lo in range(0, len(ids), batch_size):
     out = fn(params, frozen, windows.batch(ids[lo : lo + batch_size]))
     for k, (hits, count) in out.items():

@@ -196,6 +196,8 @@ class EagleObjective:
     w_cls: weight of the distillation cross-entropy.
     decay: step j's weight is decay ** (j - 1).
     init_layer: target layer whose weights initialise the head's layer (-1: random).
+    init_from: a shipped EAGLE head whose weights start the training (training continued on other
+      data); its draft vocabulary must be the run's (`train.pipeline` takes it from the head).
   """
 
   cfg: ModelConfig
@@ -206,9 +208,12 @@ class EagleObjective:
   decay: float = 0.8
   init_layer: int = -1
   fuse_norm: bool = True
+  init_from: str = ""
   name = "eagle"
 
   def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
+    if self.init_from:
+      return self._continued(target, tcfg, d2t, shipped_dir)
     D = tcfg.d_model
     k1, k2 = jax.random.split(key)
     if self.init_layer >= 0:
@@ -228,6 +233,23 @@ class EagleObjective:
       trainable["norm"] = target.final_norm
       trainable["head"] = frozen["head"]
     return trainable, frozen
+
+  def _continued(self, target: Params, tcfg: ModelConfig, d2t, shipped_dir: str):
+    """The trainable arrays of the shipped head `init_from` (same fused layers and options)."""
+    p = warm_start(self.init_from, "eagle", target, tcfg, d2t, shipped_dir).params
+    if (p.fuse is not None) != bool(self.fuse_layers) or (p.fuse_norm is not None) != (
+      bool(self.fuse_layers) and self.fuse_norm
+    ):
+      raise ValueError(
+        f"objective.init_from={self.init_from!r} fuses differently from this objective "
+        f"(fuse_layers={self.fuse_layers}, fuse_norm={self.fuse_norm})"
+      )
+    trainable = {"w_in": p.w_in, "layer": p.layer}
+    if self.fuse_layers:
+      trainable.update(fuse=p.fuse, norm=p.norm, head=p.head)
+      if self.fuse_norm:
+        trainable["fuse_norm"] = p.fuse_norm
+    return jax.tree.map(jnp.asarray, trainable), _frozen(target, d2t)
 
   def params(self, trainable, frozen) -> EagleParams:
     return EagleParams(

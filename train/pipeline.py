@@ -147,6 +147,7 @@ def eagle_objective(o: dict, tcfg: ModelConfig):
     decay=o.get("decay", 0.8),
     init_layer=o.get("init_layer", -1),
     fuse_norm=o.get("fuse_norm", True),
+    init_from=o.get("init_from", ""),
   )
 
 
@@ -435,6 +436,13 @@ def draft_vocabulary(
   return top_tokens(counts, min(size, vocab_size), tuple(always))
 
 
+def shipped_vocabulary(name: str, params, tcfg, shipped_dir: str = "") -> np.ndarray:
+  """The draft vocabulary (d2t) of shipped drafter `name`."""
+  from specjax.drafters.shipped import SHIPPED_DIR, load_shipped
+
+  return np.asarray(load_shipped(name, params, tcfg, shipped_dir or SHIPPED_DIR).params.d2t)
+
+
 def train_seconds(metrics_path: str) -> float:
   """Seconds spent in optimizer steps (last record of each step; compile time included once)."""
   per_step = {r["step"]: r["step_s"] for r in read_metrics(metrics_path) if "step_s" in r}
@@ -464,6 +472,9 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     if s.data.vocab_sharegpt_chars and tok is not None:
       extra = sharegpt_response_counts(tok, s.data.vocab_sharegpt_chars, tcfg.vocab_size)
     d2t = draft_vocabulary(store, s.data.draft_vocab, tcfg.vocab_size, stops, extra)
+    source = s.objective.get("base") or s.objective.get("init_from")
+    if source:  # a drafter that extends or continues a shipped one keeps its vocabulary
+      d2t = shipped_vocabulary(source, params, tcfg, s.ship_dir)
     tmp = vocab_path + ".tmp.npy"
     np.save(tmp, d2t)
     os.replace(tmp, vocab_path)

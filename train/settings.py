@@ -81,6 +81,8 @@ def base_config() -> ml_collections.ConfigDict:
       w_cls=0.1,
       init_layer=-1,
       fuse_norm=True,
+      # a shipped drafter of this kind whose weights start the run (EAGLE); its vocabulary is kept
+      init_from="",
       # pard and peagle (parallel drafters): depths trained; the shipped sequential drafter
       # they extend (frozen)
       k=8,
