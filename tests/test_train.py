@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -300,8 +301,13 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, tmp_path):
   for field in ("w_in", "fuse", "fuse_norm", "norm", "head"):
     np.testing.assert_array_equal(getattr(start, field), getattr(shipped.params, field))
   config.train.update({"steps": 2, "save_every": 1000})
-  pipeline.run(config, str(tmp_path / "w"), lambda _: None)
+  config.ship.update({"name": "tiny-eagle3-continued", "dir": str(tmp_path / "shipped")})
+  shutil.copytree(root / "shipped", tmp_path / "shipped")
+  meta = pipeline.run(config, str(tmp_path / "w"), lambda _: None)[4]
   np.testing.assert_array_equal(np.load(tmp_path / "w" / "d2t.npy"), d2t)
+  start = meta["continued_from"]  # what it started from is recorded with the drafter
+  assert (start["name"], start["sha256"]) == ("tiny-eagle3", shipped.metadata["sha256"])
+  assert start["training"]["steps"] == 40 and start["heldout"]["simulated_tau"] > 1
   with pytest.raises(ValueError, match="fuses differently"):
     pipeline.make_objective({**dict(config.objective), "fuse_norm": False}, cfg).init(
       jax.random.PRNGKey(1), params, cfg, d2t, str(root / "shipped")

@@ -71,10 +71,17 @@ def export_drafter(
   os.replace(path + ".part", path)
   head_cfg = getattr(objective, "cfg", None)
   base = getattr(objective, "base", "")  # a drafter that extends a shipped one ships its part only
-  if base:
+  start = getattr(objective, "init_from", "")  # training continued from a shipped drafter
+  if base or start:
     from specjax.drafters.shipped import read_metadata
-
+  if base:
     extra = {**extra, "base": {"name": base, "sha256": read_metadata(base, directory)["sha256"]}}
+  if start:  # read before this drafter's metadata replaces it (same name)
+    old = read_metadata(start, directory)
+    extra = {
+      **extra,
+      "continued_from": {k: old.get(k) for k in ("name", "sha256", "data", "training", "heldout")},
+    }
   meta = {
     "name": name,
     "kind": objective.name,
