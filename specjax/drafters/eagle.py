@@ -251,6 +251,7 @@ register(
     params=params_from_tensors,
     chain=lambda shipped, k: EagleDrafter(shipped.head_cfg, k, fused_layers(shipped)),
     tree=_tree,
+    tree_kind="eagle",
     objective="train.pipeline:eagle_objective",
   )
 )

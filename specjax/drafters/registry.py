@@ -4,8 +4,8 @@ A kind (`DrafterKind`) says, in one place, how a drafter of that kind is built: 
 from shipped tensors (`specjax.drafters.shipped.load_shipped`), its chain drafter at a draft length,
 optionally its tree form (`specjax.drafters.tree_*`), and optionally the training objective that
 fits it (`train/`, named by import path so this layer imports nothing above it). The shipped loader,
-the experiment methods (`shipped`, `tree.kind=eagle|heads`) and the training pipeline look kinds up
-here instead of listing them.
+the experiment methods (`shipped`, `tree.kind=eagle|heads`, by `tree_kind`) and the training
+pipeline look kinds up here instead of listing them.
 
 Adding a trained kind: one drafter module that calls `register(DrafterKind(...))` at import (and is
 imported by `specjax.drafters`), an objective in `train/`, and a `configs/train_<kind>.py`.
@@ -46,6 +46,8 @@ class DrafterKind:
     chain: (shipped, k) -> the chain drafter at draft length k (`shipped` a `ShippedDrafter`).
     tree: (shipped, tree, vocab_size) -> the tree drafter, or None for a kind without a tree form;
       `tree` carries n_nodes, depth and top_k (`specjax.experiment.settings.TreeSettings`).
+    tree_kind: the experiment's `tree.kind` that drafts with the tree form: "heads" (a static
+      Medusa-style tree over per-depth candidates) or "eagle" (EAGLE-2's dynamic tree).
     head_cfg: whether the shipped metadata records a layer config (`head_cfg`).
     objective: "module:function" of the training objective factory (o: dict, target cfg) ->
       objective, or "" for a kind nothing trains.
@@ -55,6 +57,7 @@ class DrafterKind:
   params: Callable[..., Any]
   chain: Callable[..., Any]
   tree: Callable[..., Any] | None = None
+  tree_kind: str = "heads"
   head_cfg: bool = True
   objective: str = ""
 
