@@ -1,4 +1,11 @@
-"""Decoding methods built from `ExperimentSettings`: a drafter, its parameters and a rule."""
+"""Decoding methods built from `ExperimentSettings`: a drafter, its parameters and a rule.
+
+Every `config.method` is a `MethodKind` registered at the end of this module
+(`specjax.experiment.registry`): how it is built, its label, what its header says, its own config
+checks. An untrained drafter (e.g. a new model-free one) becomes a method with one more
+`register(MethodKind(...))` here; trained drafters run through `shipped` and `tree`, which look
+their kinds up in `specjax.drafters.registry`.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +24,11 @@ from specjax.drafters import (
   VocabularyMismatchError,
   check_same_vocabulary,
 )
+from specjax.drafters import registry as drafter_registry
 from specjax.drafters.suffix import SuffixDrafter, SuffixTreeDrafter
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
+from specjax.experiment import registry
+from specjax.experiment.registry import MethodKind, register
 from specjax.experiment.settings import ExperimentSettings, SMCSettings
 from specjax.model import Params
 from specjax.tokenizer import Tokenizer
@@ -89,45 +99,43 @@ def make_rule(name: str) -> Any:
 def method_label(settings: ExperimentSettings) -> str:
   """The method's name in records and tables, e.g. "prompt_lookup_k4", "eagle1_k4", or
   "eagle2_eagle1_n16" (EAGLE-2's dynamic tree of 16 nodes drafted by the eagle1 head)."""
-  d, t = settings.drafter, settings.tree
-  layers = f"_l{d.n_layers}" if d.n_layers else ""
-  head = d.shipped.split("-smollm2")[0]
-  if settings.method == "draft_model":
-    return f"draft_model{layers}_k{d.k}"
-  if settings.method == "shipped":
-    return f"{head}_k{d.k}"
-  if settings.method == "tree":
-    if t.kind == "eagle":
-      return f"eagle2_{head}_n{t.n_nodes}"
-    if t.kind == "heads":
-      return f"{head}_tree_n{t.n_nodes}"
-    return f"{t.kind}_tree{layers}_n{t.n_nodes}"
-  if settings.method == "smc":
-    return f"smc{layers}_p{settings.smc.n_particles}_k{d.k}"
-  if settings.method == "suffix" and settings.suffix.form == "tree":
-    return f"suffix_tree_n{t.n_nodes}"
-  return f"{settings.method}_k{d.k}"
+  label = registry.get(settings.method).label
+  return label(settings) if label else f"{settings.method}_k{settings.drafter.k}"
 
 
 def describe_method(settings: ExperimentSettings, method: Method | None) -> str:
   """The method as a report's header names it: label, kind, loop, and what drafts."""
   if method is None:
     return "ar"
-  d, t = settings.drafter, settings.tree
   text = f"{method.name} ({settings.method}, {method.loop} loop)"
-  if settings.method in ("draft_model", "smc") or (
-    settings.method == "tree" and t.kind in ("static", "dynamic")
-  ):
-    text += f", draft {d.model or settings.model}" + (
-      f" first {d.n_layers} layers" * bool(d.n_layers)
-    )
-  if settings.method == "tree" and t.kind == "eagle":
-    text += f", EAGLE-2 dynamic tree drafted by the shipped EAGLE head {d.shipped}"
-  elif d.shipped:
-    text += f", shipped drafter {d.shipped}"
+  text += (registry.get(settings.method).describe or _shipped_clause)(settings)
   if method.adaptive is not None:
     text += f", adaptive K in {method.adaptive.ks} (costs: {settings.adaptive.costs})"
   return text
+
+
+def _layers(settings: ExperimentSettings) -> str:
+  """The label's "_l<n>" for a draft model cut to its first n layers, else ""."""
+  return f"_l{settings.drafter.n_layers}" if settings.drafter.n_layers else ""
+
+
+def _head(settings: ExperimentSettings) -> str:
+  """The shipped drafter's name without its target ("eagle1" for "eagle1-smollm2-135m")."""
+  return settings.drafter.shipped.split("-smollm2")[0]
+
+
+def _draft_clause(settings: ExperimentSettings) -> str:
+  d = settings.drafter
+  return f", draft {d.model or settings.model}" + (f" first {d.n_layers} layers" * bool(d.n_layers))
+
+
+def _shipped_clause(settings: ExperimentSettings) -> str:
+  d = settings.drafter
+  return f", shipped drafter {d.shipped}" if d.shipped else ""
+
+
+def _draft_model_clause(settings: ExperimentSettings) -> str:
+  return _draft_clause(settings) + _shipped_clause(settings)
 
 
 static_tree = default_static_tree  # the tree.kind=static / heads topology
@@ -163,52 +171,6 @@ def _draft_model(settings, target, load_model):
   return params, cfg
 
 
-# tree.kind values that draft with a shipped drafter's tree form, and the kinds each takes:
-# EAGLE-2's dynamic tree over an EAGLE head, or a static Medusa-style tree over per-depth
-# candidates (Medusa heads, or the block of a parallel drafter).
-SHIPPED_TREES = {"eagle": ("eagle",), "heads": ("medusa", "pard", "peagle")}
-
-
-def _tree_method(settings, target, load_model, name: str) -> Method:
-  t = settings.tree
-  if t.kind in SHIPPED_TREES:  # the shipped drafter's own tree form (`DrafterKind.tree`)
-    shipped = load_shipped_drafter(settings.drafter.shipped, target, settings.drafter.weights_dtype)
-    if shipped.kind not in SHIPPED_TREES[t.kind]:
-      raise ValueError(
-        f"tree.kind={t.kind} needs a drafter of kind {' or '.join(SHIPPED_TREES[t.kind])}; "
-        f"{shipped.name} is {shipped.kind}"
-      )
-    drafter = shipped.tree_drafter(t, target.cfg.vocab_size)
-    return Method(name, drafter, shipped.params, None, "tree")
-  params, cfg = _draft_model(settings, target, load_model)
-  if t.kind == "static":
-    drafter = StaticTreeDrafter(cfg, static_tree(t.n_nodes, t.depth))
-  else:
-    drafter = DynamicTreeDrafter(cfg, t.top_k, t.depth, t.n_nodes)
-  return Method(name, drafter, params, None, "tree")
-
-
-def _suffix_method(settings: ExperimentSettings, name: str, rule) -> Method:
-  """Suffix decoding; its global cache starts empty and the runner refills it from earlier
-  outputs before each prompt (`SuffixDrafter.cache_from_outputs`)."""
-  u = settings.suffix
-  common = dict(
-    max_match=u.max_match,
-    spec_factor=u.spec_factor,
-    min_prob=u.min_prob,
-    max_occurrences=u.max_occurrences,
-    global_size=u.global_size,
-  )
-  if u.form == "tree":
-    if settings.rule != "auto":
-      raise ValueError("suffix trees choose their tree rule; leave config.rule=auto")
-    t = settings.tree
-    drafter = SuffixTreeDrafter(n_nodes=t.n_nodes, max_depth=t.depth, **common)
-    return Method(name, drafter, drafter.cache_from_outputs([]), None, "tree")
-  drafter = SuffixDrafter(k=settings.drafter.k, **common)
-  return Method(name, drafter, drafter.cache_from_outputs([]), rule)
-
-
 def with_adaptive(method: Method, settings: ExperimentSettings) -> Method:
   """`method` in adaptive mode: chain drafters draft K_max = max(adaptive.ks) (the loop runs them
   with k = K per step), tree methods choose (0, max_depth); "_adaptive" ends the name."""
@@ -237,30 +199,8 @@ def build_method(
   Raises:
     VocabularyMismatchError: if a draft model does not share the target's vocabulary.
   """
-  method = _build_method(settings, target, load_model)
+  method = registry.get(settings.method).build(settings, target, load_model)
   return with_adaptive(method, settings) if method and settings.adaptive.on else method
-
-
-def _build_method(settings, target, load_model) -> Method | None:
-  d, rule, name = settings.drafter, make_rule(settings.rule), method_label(settings)
-  if settings.method == "ar":
-    return None
-  if settings.method == "prompt_lookup":
-    drafter = PromptLookupDrafter(d.k, d.max_ngram, d.min_ngram)
-    return Method(name, drafter, (), rule)
-  if settings.method == "suffix":
-    return _suffix_method(settings, name, rule)
-  if settings.method == "shipped":
-    shipped = load_shipped_drafter(d.shipped, target, d.weights_dtype)
-    return Method(name, shipped.drafter(d.k), shipped.params, rule)
-  if settings.method == "tree":
-    if settings.rule != "auto":
-      raise ValueError("tree methods choose their tree rule; leave config.rule=auto")
-    return _tree_method(settings, target, load_model, name)
-  params, cfg = _draft_model(settings, target, load_model)
-  if settings.method == "smc":
-    return Method(name, DraftModelDrafter(cfg, d.k), params, None, "smc", settings.smc)
-  return Method(name, DraftModelDrafter(cfg, d.k), params, rule)
 
 
 def load_target(spec: str, dtype: str = "float32") -> Target:
@@ -275,3 +215,176 @@ def load_target(spec: str, dtype: str = "float32") -> Target:
   if tok is None or tok.chat_template is None:
     raise ValueError(f"{spec!r} needs a tokenizer with a chat template to run chat prompts")
   return Target(params, cfg, tok, spec)
+
+
+# ---- the methods, one registered entry each (`specjax.experiment.registry`) ---------------------
+
+
+def _ar(settings, target, load_model) -> None:
+  return None  # the baseline alone: every run times it anyway
+
+
+def _chain_only(config, tree: bool) -> None:
+  if tree:
+    raise ValueError(f"method {config.method!r} has no tree form; drop tree=True")
+
+
+register(MethodKind("ar", _ar, adapts=False, by_name=_chain_only))
+
+
+def _prompt_lookup(settings, target, load_model) -> Method:
+  d = settings.drafter
+  drafter = PromptLookupDrafter(d.k, d.max_ngram, d.min_ngram)
+  return Method(method_label(settings), drafter, (), make_rule(settings.rule))
+
+
+register(MethodKind("prompt_lookup", _prompt_lookup, by_name=_chain_only))
+
+
+def _draft_model_method(settings, target, load_model) -> Method:
+  params, cfg = _draft_model(settings, target, load_model)
+  drafter = DraftModelDrafter(cfg, settings.drafter.k)
+  return Method(method_label(settings), drafter, params, make_rule(settings.rule))
+
+
+register(
+  MethodKind(
+    "draft_model",
+    _draft_model_method,
+    label=lambda s: f"draft_model{_layers(s)}_k{s.drafter.k}",
+    describe=_draft_model_clause,
+  )
+)
+
+
+def _shipped(settings, target, load_model) -> Method:
+  d = settings.drafter
+  shipped = load_shipped_drafter(d.shipped, target, d.weights_dtype)
+  return Method(
+    method_label(settings), shipped.drafter(d.k), shipped.params, make_rule(settings.rule)
+  )
+
+
+def _needs_shipped(config) -> None:
+  if not config.drafter.shipped:
+    raise ValueError("config.method=shipped needs config.drafter.shipped (a shipped drafter name)")
+
+
+register(
+  MethodKind(
+    "shipped", _shipped, label=lambda s: f"{_head(s)}_k{s.drafter.k}", check=_needs_shipped
+  )
+)
+
+
+# tree.kind values that draft with a shipped drafter's tree form (`DrafterKind.tree`): EAGLE-2's
+# dynamic tree over an EAGLE head, or a static Medusa-style tree over per-depth candidates (Medusa
+# heads, or the block of a parallel drafter). Which kinds each takes is `DrafterKind.tree_kind`.
+SHIPPED_TREE_KINDS = ("eagle", "heads")
+
+
+def shipped_tree_drafters(tree_kind: str) -> tuple[str, ...]:
+  """The trained drafter kinds whose tree form `tree.kind=<tree_kind>` drafts with, sorted."""
+  kinds = (drafter_registry.get(n) for n in drafter_registry.names())
+  return tuple(k.name for k in kinds if k.tree is not None and k.tree_kind == tree_kind)
+
+
+def _tree(settings, target, load_model) -> Method:
+  if settings.rule != "auto":
+    raise ValueError("tree methods choose their tree rule; leave config.rule=auto")
+  t, name = settings.tree, method_label(settings)
+  if t.kind in SHIPPED_TREE_KINDS:  # the shipped drafter's own tree form
+    shipped = load_shipped_drafter(settings.drafter.shipped, target, settings.drafter.weights_dtype)
+    takes = shipped_tree_drafters(t.kind)
+    if shipped.kind not in takes:
+      raise ValueError(
+        f"tree.kind={t.kind} needs a drafter of kind {' or '.join(takes)}; "
+        f"{shipped.name} is {shipped.kind}"
+      )
+    drafter = shipped.tree_drafter(t, target.cfg.vocab_size)
+    return Method(name, drafter, shipped.params, None, "tree")
+  params, cfg = _draft_model(settings, target, load_model)
+  if t.kind == "static":
+    drafter = StaticTreeDrafter(cfg, static_tree(t.n_nodes, t.depth))
+  else:
+    drafter = DynamicTreeDrafter(cfg, t.top_k, t.depth, t.n_nodes)
+  return Method(name, drafter, params, None, "tree")
+
+
+def _tree_label(settings: ExperimentSettings) -> str:
+  t = settings.tree
+  if t.kind == "eagle":
+    return f"eagle2_{_head(settings)}_n{t.n_nodes}"
+  if t.kind == "heads":
+    return f"{_head(settings)}_tree_n{t.n_nodes}"
+  return f"{t.kind}_tree{_layers(settings)}_n{t.n_nodes}"
+
+
+def _tree_describe(settings: ExperimentSettings) -> str:
+  if settings.tree.kind == "eagle":
+    return f", EAGLE-2 dynamic tree drafted by the shipped EAGLE head {settings.drafter.shipped}"
+  draft = _draft_clause(settings) if settings.tree.kind in ("static", "dynamic") else ""
+  return draft + _shipped_clause(settings)
+
+
+register(MethodKind("tree", _tree, label=_tree_label, describe=_tree_describe))
+
+
+def _smc(settings, target, load_model) -> Method:
+  params, cfg = _draft_model(settings, target, load_model)
+  drafter = DraftModelDrafter(cfg, settings.drafter.k)
+  return Method(method_label(settings), drafter, params, None, "smc", settings.smc)
+
+
+def _smc_samples(config) -> None:
+  if float(config.sampling.temperature) <= 0:
+    raise ValueError("config.method=smc samples: set config.sampling.temperature > 0")
+
+
+register(
+  MethodKind(
+    "smc",
+    _smc,
+    label=lambda s: f"smc{_layers(s)}_p{s.smc.n_particles}_k{s.drafter.k}",
+    describe=_draft_model_clause,
+    check=_smc_samples,
+    adapts=False,
+  )
+)
+
+
+def _suffix(settings, target, load_model) -> Method:
+  """Suffix decoding; its global cache starts empty and the runner refills it from earlier
+  outputs before each prompt (`SuffixDrafter.cache_from_outputs`)."""
+  u, name = settings.suffix, method_label(settings)
+  common = dict(
+    max_match=u.max_match,
+    spec_factor=u.spec_factor,
+    min_prob=u.min_prob,
+    max_occurrences=u.max_occurrences,
+    global_size=u.global_size,
+  )
+  if u.form == "tree":
+    if settings.rule != "auto":
+      raise ValueError("suffix trees choose their tree rule; leave config.rule=auto")
+    t = settings.tree
+    drafter = SuffixTreeDrafter(n_nodes=t.n_nodes, max_depth=t.depth, **common)
+    return Method(name, drafter, drafter.cache_from_outputs([]), None, "tree")
+  drafter = SuffixDrafter(k=settings.drafter.k, **common)
+  return Method(name, drafter, drafter.cache_from_outputs([]), make_rule(settings.rule))
+
+
+def _suffix_form(config, tree: bool) -> None:
+  config.suffix.form = "tree" if tree else "chain"
+
+
+register(
+  MethodKind(
+    "suffix",
+    _suffix,
+    label=lambda s: (
+      f"suffix_tree_n{s.tree.n_nodes}" if s.suffix.form == "tree" else f"suffix_k{s.drafter.k}"
+    ),
+    by_name=_suffix_form,
+  )
+)

@@ -13,12 +13,12 @@ import os
 import ml_collections
 
 from specjax.drafters.shipped import WEIGHTS_DTYPES
+from specjax.experiment import registry
 from specjax.experiment.packaged import DEFAULT_CATEGORIES
 from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES
 from specjax.generate import GenerateConfig
 from specjax.sampling import SamplingConfig
 
-METHODS = ("ar", "prompt_lookup", "draft_model", "shipped", "tree", "smc", "suffix")
 SUFFIX_FORMS = ("tree", "chain")
 SUITES = ("auto", "spec_bench", "packaged")
 TREE_KINDS = ("static", "dynamic", "heads", "eagle")
@@ -38,7 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m-instruct"  # registry name, Hugging Face directory or .gguf file
   c.dtype = "float32"
-  c.method = "prompt_lookup"  # one of METHODS; "ar" times the baseline alone
+  c.method = "prompt_lookup"  # a registered method (registry.names()); "ar": the baseline alone
   c.rule = "auto"  # auto: greedy at temperature 0, speculative sampling otherwise
   c.drafter = ml_collections.ConfigDict()
   c.drafter.k = 4  # draft length K
@@ -195,8 +195,7 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
   Raises:
     ValueError: for an unknown method, rule or category, or an out-of-range number.
   """
-  if config.method not in METHODS:
-    raise ValueError(f"config.method must be one of {METHODS}, got {config.method!r}")
+  method = registry.get(config.method)  # the method's entry (`specjax.experiment.registry`)
   if config.rule not in RULE_NAMES:
     raise ValueError(f"config.rule must be one of {RULE_NAMES}, got {config.rule!r}")
   if config.data.suite not in SUITES:
@@ -217,10 +216,8 @@ def settings_from_config(config: ml_collections.ConfigDict) -> ExperimentSetting
     raise ValueError(f"config.drafter.n_layers={config.drafter.n_layers}: must be >= 0 (0 = all)")
   if config.tree.kind not in TREE_KINDS:
     raise ValueError(f"config.tree.kind must be one of {TREE_KINDS}, got {config.tree.kind!r}")
-  if config.method == "shipped" and not config.drafter.shipped:
-    raise ValueError("config.method=shipped needs config.drafter.shipped (a shipped drafter name)")
-  if config.method == "smc" and float(config.sampling.temperature) <= 0:
-    raise ValueError("config.method=smc samples: set config.sampling.temperature > 0")
+  if method.check is not None:  # what the method needs beyond these checks
+    method.check(config)
   if config.suffix.form not in SUFFIX_FORMS:
     raise ValueError(
       f"config.suffix.form must be one of {SUFFIX_FORMS}, got {config.suffix.form!r}"
@@ -287,7 +284,7 @@ def adaptive_settings(config: ml_collections.ConfigDict) -> AdaptiveSettings:
   on = bool(config.adaptive)
   if on and costs != "calibrate" and not os.path.isfile(costs):
     raise ValueError(f"config.adaptive_costs={costs!r}: 'calibrate' or an existing JSON file")
-  if on and config.method in ("ar", "smc"):
+  if on and not registry.get(config.method).adapts:
     raise ValueError(f"config.adaptive: method {config.method} has no draft length to adapt")
   return AdaptiveSettings(on, ks, costs, prior_a, prior_b, decay)
 
