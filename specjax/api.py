@@ -25,13 +25,18 @@ import jax
 import ml_collections
 import numpy as np
 
+from specjax.experiment import registry
 from specjax.experiment.methods import Method, Target, build_method, load_target
 from specjax.experiment.runner import draft_slots, prompt_width, run_method, smc_metrics
 from specjax.experiment.settings import ExperimentSettings, base_config, settings_from_config
 from specjax.generate import pad_prompts
 from specjax.metrics import summarize
 
-UNTRAINED = ("ar", "prompt_lookup", "suffix")
+
+def untrained() -> tuple[str, ...]:
+  """The methods `SpeculativeLM` takes by name besides shipped drafters: those whose registry
+  entry has `by_name` (ar, prompt_lookup, suffix), which need no weights named."""
+  return tuple(n for n in registry.names() if registry.get(n).by_name is not None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,25 +70,22 @@ def method_settings(
   c.model, c.dtype, c.seed = model, dtype, seed
   c.max_new_tokens = max_new_tokens
   c.sampling.temperature = temperature
-  if method in UNTRAINED:
-    if tree and method != "suffix":
-      raise ValueError(f"method {method!r} has no tree form; drop tree=True")
+  if method in untrained():
     c.method = method
-    c.suffix.form = "tree" if tree else "chain"
+    registry.get(method).by_name(c, tree)  # its chain or tree form (ValueError if it has none)
   elif method in list_shipped():
     c.drafter.shipped = method
     if tree:
+      from specjax.drafters import registry as drafter_registry
       from specjax.drafters.shipped import read_metadata
 
-      c.method, c.tree.kind = (
-        "tree",
-        "eagle" if read_metadata(method)["kind"] == "eagle" else "heads",
-      )
+      # the tree.kind that drafts with its kind's tree form ("eagle" or "heads")
+      c.method, c.tree.kind = "tree", drafter_registry.get(read_metadata(method)["kind"]).tree_kind
     else:
       c.method = "shipped"
   else:
     raise ValueError(
-      f"unknown method {method!r}; use one of {UNTRAINED} or a shipped drafter: {list_shipped()}"
+      f"unknown method {method!r}; use one of {untrained()} or a shipped drafter: {list_shipped()}"
     )
   if k is not None:
     c.drafter.k = k
