@@ -9,7 +9,8 @@ reports what every device holds under the mesh:
   python -m specjax.deploy --config=configs/large/llama31_70b_smc.py
   python -m specjax.deploy --config=configs/large/llama31_70b_smc.py --config.mesh.shape=2,4
 
-Drafter kinds and the weight layouts described here:
+Drafter kinds are looked up in a small registry of weight layouts (`DrafterLayout`,
+`register_layout`); the ones registered here:
   draft_model  a separate Llama-family LM (`specjax.model.Params`), e.g. Llama-3.2-1B for a 70B.
   eagle3       the published EAGLE-3 head (one decoder layer whose attention reads [embedding;
                feature] of width 2D, a fusion fc of three target layers, its own norm and a
@@ -22,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -41,8 +43,6 @@ from specjax.sharding import (
   rules_from_config,
 )
 
-DRAFTER_KINDS = ("draft_model", "eagle3", "medusa")
-
 
 def base_deployment_config():
   """Fields every `configs/large` file fills in (an ml_collections ConfigDict)."""
@@ -55,7 +55,7 @@ def base_deployment_config():
   c.target.checkpoint = ""  # local Hugging Face directory (config.json + *.safetensors)
   c.target.hf_config = ml_collections.ConfigDict()  # its config.json fields
   c.drafter = ml_collections.ConfigDict()
-  c.drafter.kind = "draft_model"  # one of DRAFTER_KINDS
+  c.drafter.kind = "draft_model"  # one of drafter_kinds()
   c.drafter.checkpoint = ""  # local directory of the drafter's weights
   c.drafter.hf_config = ml_collections.ConfigDict()  # draft model / EAGLE-3 head config.json
   c.drafter.k = 4
@@ -92,7 +92,7 @@ class DrafterSpec:
   """A drafter of a deployment.
 
   Attributes:
-    kind: one of DRAFTER_KINDS.
+    kind: a registered layout (`drafter_kinds()`).
     cfg: the draft model's config, or the EAGLE-3 head layer's (n_layers = 1).
     checkpoint: local directory of its weights ("" when not downloaded).
     k: draft length K (gamma for SMC-SD).
@@ -112,8 +112,8 @@ class DrafterSpec:
   n_blocks: int = 1
 
   def __post_init__(self):
-    if self.kind not in DRAFTER_KINDS:
-      raise ValueError(f"drafter kind must be one of {DRAFTER_KINDS}, got {self.kind!r}")
+    if self.kind not in _LAYOUTS:
+      raise ValueError(f"drafter kind must be one of {drafter_kinds()}, got {self.kind!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +152,8 @@ class Deployment:
     dtype = c.dtype
     target = ModelConfig.from_hf_dict(_plain(c.target.hf_config), dtype=dtype)
     d = c.drafter
-    dcfg = None
-    if d.kind in ("draft_model", "eagle3"):
+    dcfg, layout = None, _LAYOUTS.get(d.kind)  # an unknown kind fails in DrafterSpec
+    if layout is not None and layout.decoder_config:
       dcfg = ModelConfig.from_hf_dict(_plain(d.hf_config), dtype=dtype)
       if dcfg.vocab_size != target.vocab_size:
         raise ValueError(f"{d.kind} vocabulary {dcfg.vocab_size} != target's {target.vocab_size}")
@@ -229,14 +229,77 @@ def medusa_head_shapes(target: ModelConfig, n_heads: int, n_blocks: int) -> Medu
   )
 
 
+@dataclasses.dataclass(frozen=True)
+class DrafterLayout:
+  """How one kind of deployed drafter lays out its weights and its KV cache.
+
+  A registry of its own rather than `specjax.drafters.registry.DrafterKind`: a kind there is a
+  drafter specjax trains and ships (its tensors become the parameters of a drafter the loops
+  run), while a layout here is the shape of a published checkpoint (`specjax.loading.heads`) or a
+  separate LM, planned with `jax.eval_shape` and never decoded with. The names and weights differ
+  ("medusa" there has no per-head LM head; "draft_model" is no trained kind), and a deployment
+  needs only the shapes and the cache, which no `DrafterKind` knows.
+
+  Attributes:
+    name: the `drafter.kind` of a `configs/large` file.
+    decoder_config: whether `drafter.hf_config` is a decoder's config.json (a `ModelConfig`:
+      the draft LM, or the EAGLE-3 head's one layer), checked against the target's vocabulary.
+    weights: (deployment) -> the drafter's weights as ShapeDtypeStructs.
+    cache_layers: (drafter spec) -> decoder layers in its KV cache, or None for no cache.
+  """
+
+  name: str
+  decoder_config: bool
+  weights: Callable[[Deployment], Any]
+  cache_layers: Callable[[DrafterSpec], int] | None = None
+
+
+_LAYOUTS: dict[str, DrafterLayout] = {}
+
+
+def register_layout(layout: DrafterLayout) -> DrafterLayout:
+  """Adds `layout` (a second one of the same name is an error)."""
+  if layout.name in _LAYOUTS:
+    raise ValueError(f"drafter layout {layout.name!r} is registered twice")
+  _LAYOUTS[layout.name] = layout
+  return layout
+
+
+def drafter_kinds() -> tuple[str, ...]:
+  """The registered drafter kinds, in registration order."""
+  return tuple(_LAYOUTS)
+
+
+register_layout(
+  DrafterLayout(
+    "draft_model",
+    decoder_config=True,
+    weights=lambda dep: abstract_target(dep.drafter.cfg),
+    cache_layers=lambda d: d.cfg.n_layers,
+  )
+)
+register_layout(
+  DrafterLayout(
+    "eagle3",
+    decoder_config=True,
+    weights=lambda dep: eagle3_head_shapes(
+      dep.drafter.cfg, dep.drafter.draft_vocab, len(dep.drafter.hidden_layers)
+    ),
+    cache_layers=lambda d: 1,  # the head's one layer
+  )
+)
+register_layout(
+  DrafterLayout(
+    "medusa",
+    decoder_config=False,
+    weights=lambda dep: medusa_head_shapes(dep.target, dep.drafter.n_heads, dep.drafter.n_blocks),
+  )
+)
+
+
 def abstract_drafter(dep: Deployment) -> Any:
   """The drafter's weights as ShapeDtypeStructs."""
-  d = dep.drafter
-  if d.kind == "draft_model":
-    return abstract_target(d.cfg)
-  if d.kind == "eagle3":
-    return eagle3_head_shapes(d.cfg, d.draft_vocab, len(d.hidden_layers))
-  return medusa_head_shapes(dep.target, d.n_heads, d.n_blocks)
+  return _LAYOUTS[dep.drafter.kind].weights(dep)
 
 
 def count_params(tree: Any) -> int:
@@ -272,13 +335,10 @@ def memory_plan(dep: Deployment, n_devices: int | None = None) -> dict:
   t_specs = param_specs(target, mesh, dep.rules, dep.target)
   d_specs = param_specs(drafter, mesh, dep.rules, dep.drafter.cfg)
   cache = abstract_cache(dep.target, dep.rows, dep.capacity)
-  d = dep.drafter
-  if d.kind == "draft_model":
-    d_cache = abstract_cache(d.cfg, dep.rows, dep.capacity)
-  elif d.kind == "eagle3":
-    d_cache = abstract_cache(d.cfg, dep.rows, dep.capacity, n_layers=1)
-  else:
-    d_cache = None
+  d, d_cache = dep.drafter, None
+  cache_layers = _LAYOUTS[d.kind].cache_layers
+  if cache_layers is not None:
+    d_cache = abstract_cache(d.cfg, dep.rows, dep.capacity, n_layers=cache_layers(d))
   plan = {
     "devices": math.prod(dict(mesh.shape).values()),
     "mesh": dict(mesh.shape),
