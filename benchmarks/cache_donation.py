@@ -41,9 +41,8 @@ from specjax.drafters import DraftModelDrafter, PromptLookupDrafter  # noqa: E40
 from specjax.drafters.tree_draft_model import StaticTreeDrafter  # noqa: E402
 from specjax.generate import GenerateConfig  # noqa: E402
 from specjax.model import init_params  # noqa: E402
-from specjax.sampling import SamplingConfig  # noqa: E402
-from specjax.trees import default_static_tree  # noqa: E402
 from specjax.tree_acceptance import TreeGreedyRule  # noqa: E402
+from specjax.trees import default_static_tree  # noqa: E402
 
 
 def _abstract(tree):
@@ -129,8 +128,12 @@ def main() -> None:
   parser.add_argument("--width", type=int, default=256)
   parser.add_argument("--max_new_tokens", type=int, default=64)
   args = parser.parse_args()
-  print(f"SmolLM2-135M shapes, float32, prompt width {args.width}, {args.max_new_tokens} new tokens")
-  print("| batch | loop | arguments MiB | outputs MiB | aliased MiB | temporaries MiB | cache-sized copies outside / inside |")
+  print(
+    f"SmolLM2-135M shapes, float32, prompt width {args.width}, {args.max_new_tokens} new tokens"
+  )
+  print(
+    "| batch | loop | arguments MiB | outputs MiB | aliased MiB | temporaries MiB | cache-sized copies outside / inside |"
+  )
   print("|---:|---|---:|---:|---:|---:|---:|")
   for b in (int(x) for x in args.batches.split(",")):
     for name, fn, a, static in loops(b, args.width, args.max_new_tokens):
