@@ -11,11 +11,24 @@ run. Prints tokens/s, speedup (mean over prompts of method tok/s / AR tok/s), ta
 rate per category and method. Uses the experiment harness (`specjax.experiment`), so the run
 writes records.jsonl/summary.md/summary.csv to --workdir and resumes there.
 
+`--prompts=humaneval_paraphrases` is a repetitive workload for suffix decoding: the first
+`--per_category` HumanEval tasks (the packaged set), each asked `--paraphrases` times in a row with
+a different instruction wording around the same signature and docstring (fixed templates, not
+human paraphrases: `specjax.experiment.packaged.humaneval_paraphrases`). Prompts run in that order
+and suffix decoding's cache holds the AR answers of the prompts run before, so a task's later
+wordings are drafted from the answers to its earlier ones. The summary splits each task's first
+wording (`humaneval_paraphrase_first`, only other tasks' answers in the cache) from the later ones
+(`humaneval_paraphrase_repeat`); `overall` pools both. The cache holds only outputs of prompts run
+in this process, so a resumed run's misses those finished before it: measure in one uninterrupted
+run (a fresh --workdir).
+
   python benchmarks/spec_bench.py --per_category=2 --max_new_tokens=64 --ks=2,4,8
   python benchmarks/spec_bench.py --categories=mt_bench --turns=2 --suffix=tree,chain  # turn 2
   python benchmarks/spec_bench.py --ks=2,4 --draft_model=eagle3-smollm2-135m --draft_k=2,3,4 \
     --adaptive_ks=0,2,3,4                                          # adaptive against fixed K
   python benchmarks/spec_bench.py --prompts=heldout --per_category=10 ...  # the drafters' corpus
+  python benchmarks/spec_bench.py --prompts=humaneval_paraphrases --per_category=3 --ks=2,4 \
+    --draft_model= --suffix=tree,chain               # 3 HumanEval tasks, 4 wordings of each
   SPECJAX_CPU_KERNELS=0 python benchmarks/spec_bench.py ...   # the plain-JAX path on CPU
 """
 
@@ -29,6 +42,7 @@ from absl import app, flags
 from configs import prompt_lookup as prompt_lookup_config
 from configs import suffix as suffix_config
 from specjax.drafters import PromptLookupDrafter
+from specjax.experiment import packaged
 from specjax.experiment.calibrate import with_costs
 from specjax.experiment.methods import Method, build_method, load_shipped_drafter, load_target
 from specjax.experiment.runner import Runner, run_suite
@@ -42,12 +56,22 @@ _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Registry name, H
 _SPEC_BENCH = flags.DEFINE_string(
   "spec_bench", "", "Spec-Bench question.jsonl (default: ../shared)."
 )
-_PER_CATEGORY = flags.DEFINE_integer("per_category", 2, "Prompts per category.")
+_PER_CATEGORY = flags.DEFINE_integer(
+  "per_category", 2, "Prompts per category (humaneval_paraphrases: HumanEval tasks)."
+)
 _PROMPTS = flags.DEFINE_enum(
-  "prompts", "spec_bench", ["spec_bench", "heldout"],
+  "prompts", "spec_bench", ["spec_bench", "heldout", "humaneval_paraphrases"],
   "spec_bench: Spec-Bench; heldout: --per_category held-out prompts of each source of the corpus "
-  "the shipped drafters were trained on (train/corpora, `train.corpus.heldout_prompts`).",
+  "the shipped drafters were trained on (train/corpora, `train.corpus.heldout_prompts`); "
+  "humaneval_paraphrases: the first --per_category HumanEval tasks, each asked --paraphrases "
+  "times in template wordings, one task after another (`packaged.humaneval_paraphrases`).",
 )  # fmt: skip
+_PARAPHRASES = flags.DEFINE_integer(
+  "paraphrases",
+  4,
+  "--prompts=humaneval_paraphrases: wordings per HumanEval task (1 to "
+  f"{len(packaged.PARAPHRASE_TEMPLATES)}).",
+)
 _CATEGORIES = flags.DEFINE_list("categories", list(SPEC_BENCH_CATEGORIES), "Categories to run.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per turn.")
 _TURNS = flags.DEFINE_integer("turns", 1, "MT-bench turns (1 or 2).")
@@ -103,6 +127,9 @@ def main(argv):
   target = load_target(_MODEL.value)
   if _PROMPTS.value == "heldout":
     prompts = corpus.heldout_prompts(corpus.SHIPPED, target.tokenizer, _PER_CATEGORY.value)
+  elif _PROMPTS.value == "humaneval_paraphrases":  # in this order: a task's wordings adjacent
+    problems = packaged.humaneval(_PER_CATEGORY.value)
+    prompts = packaged.humaneval_paraphrases(problems, _PARAPHRASES.value)
   else:
     path = find_spec_bench(_SPEC_BENCH.value)
     prompts = load_spec_bench(path, _CATEGORIES.value, _PER_CATEGORY.value, _TURNS.value)
