@@ -1,8 +1,14 @@
 """An EAGLE-3 style head for SmolLM2-135M-Instruct: fuses target layers 2, 15 and 27, scores its
 own reduced-vocabulary head, and trains with a 3-step training-time test (unrolled on its own
-outputs), on the committed self-distilled corpus (`train/corpora/smollm2-sd-v1.npz`).
+outputs), on the committed self-distilled corpus (`train/corpora/smollm2-sd-v2.npz`).
 
-The first run reads the corpus's documents through the target once (~1.2M positions; resumable)
+The shipped head was trained in two stages: 1,200 steps from scratch on the first corpus (v1,
+1.0M response tokens of ShareGPT and GSM8K answers), then this config, which continues that head
+(`objective.init_from`, keeping its draft vocabulary) on v2 (v1 plus task-shaped prompts:
+summarisation, retrieval-augmented QA, translation, short questions; `train/task_prompts.py`).
+`:scratch` trains a head from random weights on v2 with the first stage's settings.
+
+The first run reads the corpus's documents through the target once (~4M positions; resumable)
 into the feature cache every corpus-trained drafter shares.
 
 Commands (from the repository root):
@@ -24,17 +30,19 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.objective.fuse_layers = config.data.features.hidden_layers
   config.objective.w_reg = 0.0
   config.objective.w_cls = 1.0
-  # ~2.2 epochs of the corpus at 2.3 s/step on 2 cores. The shipped head ran 800 steps with
-  # steps=800 (held-out still rising), then resumed to 1200 with steps=1200 (see its metadata).
-  config.train.steps = 1200
-  config.train.lr = 2e-3
   config.train.batch_size = 4
-  config.train.warmup = 50
   config.train.save_every = 50
-  config.train.eval_every = 100
-  config.train.eval_windows = 32
+  config.train.eval_every = 200
+  config.train.eval_windows = 96  # spread over v2's 360 held-out documents
   config.ship.name = "eagle3-smollm2-135m"
+  if arg == "scratch":  # the first stage's settings (1,200 steps, ~2.2 epochs of v1)
+    config.train.update(dict(steps=1200, lr=2e-3, warmup=50))
+    return config
+  # Continue the first stage's head on v2: ~0.8 epoch at 2.3 s/step on 2 cores.
+  config.objective.init_from = "eagle3-smollm2-135m"
+  config.train.update(dict(steps=1600, lr=1e-3, warmup=50))
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.fuse_layers = (0, 1)
+    config.objective.init_from = ""
   return config

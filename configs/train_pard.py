@@ -2,7 +2,7 @@
 (`draft-lm2-smollm2-135m`, frozen) extended by mask layers trained with PARD's mask-token
 objective over K = 8 depths, so that one drafting step proposes a block of 8 tokens
 (`specjax.drafters.pard`), on the committed self-distilled corpus
-(`train/corpora/smollm2-sd-v1.npz`, shared feature cache).
+(`train/corpora/smollm2-sd-v2.npz`, shared feature cache).
 
 Commands (from the repository root):
 

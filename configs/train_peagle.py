@@ -1,7 +1,7 @@
 """A P-EAGLE-style parallel EAGLE head for SmolLM2-135M-Instruct: the shipped EAGLE-3 head
 (`eagle3-smollm2-135m`, fused target layers 2, 15 and 27, frozen) extended by a mask layer that
 drafts depths 2..8 in one pass from per-depth mask pairs (`specjax.drafters.peagle`), on the
-committed self-distilled corpus (`train/corpora/smollm2-sd-v1.npz`, shared feature cache).
+committed self-distilled corpus (`train/corpora/smollm2-sd-v2.npz`, shared feature cache).
 
 Commands (from the repository root):
 

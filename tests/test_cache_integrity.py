@@ -201,7 +201,7 @@ def test_default_cache_paths_follow_specjax_cache(tmp_path, monkeypatch):
     for arg in ("", "tiny"):
       c = load_config(name, arg)
       assert c.data.cache_dir.startswith(feats + os.sep), (name, arg, c.data.cache_dir)
-  shared = "smollm2-sd-v1-l2-15-27"  # every corpus-trained kind shares one cache
+  shared = "smollm2-sd-v2-l2-15-27"  # every corpus-trained kind shares one cache
   for name in ("train_medusa", "train_eagle", "train_draft_lm", "train_eagle3"):
     full = load_config(name, "")
     assert full.data.cache_dir == os.path.join(feats, shared), name

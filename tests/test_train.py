@@ -459,46 +459,57 @@ def test_decontaminator_flags_a_long_shared_phrase_below_the_ngram_threshold():
 
 @pytest.mark.slow
 def test_training_prompts_exclude_every_evaluation_prompt(smollm2):
-  """Every shipped drafter was trained on the committed corpus (sha256 and generating target
-  recorded); its prompt list is rebuilt from the recorded order and checked by a second method,
-  independent of `train.decontam.Decontaminator` (which tests/test_corpus.py applies): no
-  normalised evaluation prompt occurs inside a training prompt or contains one, and no long word
-  span is shared."""
-  meta = corpus.read_meta(os.path.join(REPO, "train", "corpora", "smollm2-sd-v1.npz"))
+  """Every shipped drafter was trained on a committed corpus (sha256 and generating target
+  recorded); each such corpus's prompt list is rebuilt from the recorded order and checked by a
+  second method, independent of `train.decontam.Decontaminator` (which tests/test_corpus.py
+  applies): no normalised evaluation prompt occurs inside a training prompt or contains one, and no
+  long word span is shared."""
+  corpora = {}
+  for name in ("smollm2-sd-v1", "smollm2-sd-v2"):
+    path = os.path.join(REPO, "train", "corpora", f"{name}.npz")
+    if os.path.exists(path):
+      corpora[corpus.read_meta(path)["sha256"]] = (name, corpus.read_meta(path))
   shipped = os.path.join(REPO, "specjax", "drafters", "shipped")
-  checked = 0
+  used, checked = set(), 0
   for meta_file in [f for f in os.listdir(shipped) if f.endswith(".json")]:
     with open(os.path.join(shipped, meta_file)) as f:
       data = json.load(f)["data"]
-    assert data["corpus"]["sha256"] == meta["sha256"], meta_file  # trained on this corpus
+    assert data["corpus"]["sha256"] in corpora, meta_file  # trained on a committed corpus
+    name, meta = corpora[data["corpus"]["sha256"]]
     assert data["target_weights"] == meta["manifest"]["target_weights"], meta_file
+    used.add(name)
     checked += 1
   assert checked == len([f for f in os.listdir(shipped) if f.endswith(".safetensors")])
-  order = list(zip(meta["sources"], meta["source_index"]))
-  plist = corpus.prompts_from_order(
-    order, smollm2.tokenizer, meta["manifest"]["recipe"]["min_ascii"]
-  )
   evals = [t for ts in sources.eval_texts().values() for t in ts]
   norm_eval = [" ".join(decontam.normalize(t)) for t in evals]
   norm_eval = [e for e in norm_eval if len(e) >= 20]
   spans = {e[i : i + 60] for e in norm_eval if len(e) >= 60 for i in range(0, len(e) - 59, 30)}
-  shared_span = []
-  for p in plist:
-    t = " ".join(decontam.normalize(p.text))
-    # A training prompt inside an evaluation prompt counts from 32 characters: the corpus has
-    # generic short questions ("how long will it take?" is part of a GSM8K test problem).
-    assert not any(e in t or (len(t) >= 32 and t in e) for e in norm_eval), p.text[:80]
-    if any(t[i : i + 60] in spans for i in range(0, max(len(t) - 59, 0))):
-      shared_span.append(corpus.prompt_sha256(p.text))
-  # Known defect of smollm2-sd-v1, found by this check after the drafters were trained: one
-  # training prompt (ShareGPT, "Your instructions are as follows: You will be given a subject
-  # that you need to teach me...") shares the 60-character span "could include providing
-  # step-by-step instructions for solving" with Spec-Bench's "act as a math teacher" prompt. The
-  # n-gram decontaminator let it through; the next corpus drops it. Any other overlap fails here.
-  assert shared_span == [KNOWN_SHARED_SPAN], shared_span
+  for name, meta in corpora.values():
+    if name not in used:
+      continue
+    order = list(zip(meta["sources"], meta["source_index"]))
+    plist = corpus.prompts_from_order(
+      order, smollm2.tokenizer, meta["manifest"]["recipe"]["min_ascii"]
+    )
+    shared_span = []
+    for p in plist:
+      t = " ".join(decontam.normalize(p.text))
+      # A training prompt inside an evaluation prompt counts from 32 characters: the corpus has
+      # generic short questions ("how long will it take?" is part of a GSM8K test problem).
+      assert not any(e in t or (len(t) >= 32 and t in e) for e in norm_eval), p.text[:80]
+      if any(t[i : i + 60] in spans for i in range(0, max(len(t) - 59, 0))):
+        shared_span.append(corpus.prompt_sha256(p.text))
+    assert shared_span == KNOWN_SHARED_SPAN.get(name, []), (name, shared_span)
 
 
-KNOWN_SHARED_SPAN = "b2382244136ea91998b379fc2ab179a5ef0ca9d46fcbe63fe5340a3c344ecf64"
+# Known defect of smollm2-sd-v1, found by this check after its drafters were trained: one training
+# prompt (ShareGPT, "Your instructions are as follows: You will be given a subject that you need to
+# teach me...") shares the 60-character span "could include providing step-by-step instructions
+# for solving" with Spec-Bench's "act as a math teacher" prompt. The n-gram decontaminator let it
+# through; v2 drops it (the decontaminator's shared-span rule). Any other overlap fails here.
+KNOWN_SHARED_SPAN = {
+  "smollm2-sd-v1": ["b2382244136ea91998b379fc2ab179a5ef0ca9d46fcbe63fe5340a3c344ecf64"]
+}
 
 
 def test_simulated_tau_is_the_expected_chain_length():

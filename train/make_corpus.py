@@ -7,7 +7,7 @@ An extended corpus keeps a packed one's documents and adds task-shaped prompts
 (`train/task_prompts.py`; the committed smollm2-sd-v2 was made this way):
 
     python train/make_corpus.py --out=$HOME/.cache/specjax/corpus/smollm2-sd-v2 \
-        --extend=train/corpora/smollm2-sd-v1.npz --max_tokens=2900000
+        --extend=train/corpora/smollm2-sd-v1.npz --max_tokens=3000000
     python train/make_corpus.py --out=... --extend=... --pack=train/corpora/smollm2-sd-v2.npz
 
 Rerun the same command after an interruption: finished documents are kept, in-flight ones redone.

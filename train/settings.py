@@ -16,14 +16,16 @@ from specjax.loading.registry import cache_root
 SMOLLM2 = "smollm2-135m-instruct"
 # The self-distilled SmolLM2 cache the first shipped drafters were trained on (outside the repository).
 SMOLLM2_FEATURES = "smollm2-v1"
-# The committed self-distilled corpus (train/make_corpus.py): 3,072 documents, 1.0M response tokens.
+# The committed self-distilled corpus (train/make_corpus.py): v2, 9,383 documents, 3.0M response
+# tokens (v1's 3,071 clean documents plus task-shaped prompts; v1 stays committed while drafters
+# trained on it ship).
 SMOLLM2_CORPUS = os.path.join(
-  os.path.dirname(os.path.abspath(__file__)), "corpora", "smollm2-sd-v1.npz"
+  os.path.dirname(os.path.abspath(__file__)), "corpora", "smollm2-sd-v2.npz"
 )
 # Its features: the final hidden state and the layers an EAGLE-3 head fuses, one cache for every
-# drafter kind (outside the repository, ~5.6 GB in float16).
+# drafter kind (outside the repository, ~21 GB in float16 for 4.6M positions).
 SMOLLM2_CORPUS_LAYERS = (2, 15, 27)
-SMOLLM2_CORPUS_FEATURES = "smollm2-sd-v1-l2-15-27"
+SMOLLM2_CORPUS_FEATURES = "smollm2-sd-v2-l2-15-27"
 
 
 def feature_cache(name: str) -> str:
