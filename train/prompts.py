@@ -71,7 +71,7 @@ def select(
   candidates: Sequence[tuple[str, int, str]],
   want: int,
   tokenizer,
-  recipe: PromptRecipe,
+  recipe: PromptRecipe | TaskRecipe,
   clean: decontam.Decontaminator,
   rng: random.Random,
 ) -> list[TrainPrompt]:
@@ -167,18 +167,9 @@ def task_prompts_for(
 
   out = {}
   for k, (task, want) in enumerate(recipe.tasks):
-    cands = list(task_prompts.candidates(task, pools))
-    random.Random(recipe.seed * 1000 + k).shuffle(cands)
-    chosen = []
-    for index, text in cands:
-      if len(chosen) == want:
-        break
-      if len(text) > 8 * recipe.max_tokens:
-        continue
-      tokens = tokenizer.encode_chat([{"role": "user", "content": text}])
-      if recipe.min_tokens <= len(tokens) <= recipe.max_tokens and clean.is_clean(text):
-        chosen.append(TrainPrompt(task, index, text, tuple(tokens)))
-    out[task] = chosen
+    cands = [(task, i, text) for i, text in task_prompts.candidates(task, pools)]
+    rng = random.Random(recipe.seed * 1000 + k)
+    out[task] = select(cands, want, tokenizer, recipe, clean, rng)
   return out
 
 
