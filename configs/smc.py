@@ -4,8 +4,10 @@ Each request runs 4 particles; every cycle each drafts gamma = K = 4 tokens from
 temperature 0.7, the target scores them in one pass and adds a bonus token, nothing is rejected,
 and particles are resampled when the effective sample size falls below half
 (`specjax.smc`). The AR baseline samples the target at the same temperature. SMC-SD keeps every
-draft, so its tau is about K + 1 and "acceptance" is 1 by construction; its cost is N particle rows
-per request, and its output is a consistent (not exact) sample, so "same as AR" is not expected.
+draft, so its tau is about K + 1 and "acceptance" is 1 by construction (less only where a stop token
+or the budget cut a last cycle); the counters are those of the particle returned, counted per
+particle row in the loop. Its cost is N particle rows per request, and its output is a consistent
+(not exact) sample, so "same as AR" is not expected.
 The draft is the target's first 4 layers (untrained early exit) unless `drafter.model` is set.
 
 Commands (from the repository root):

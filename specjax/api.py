@@ -27,7 +27,7 @@ import numpy as np
 
 from specjax.experiment import registry
 from specjax.experiment.methods import Method, Target, build_method, load_target
-from specjax.experiment.runner import draft_slots, prompt_width, run_method, smc_metrics
+from specjax.experiment.runner import draft_slots, prompt_width, run_method
 from specjax.experiment.settings import ExperimentSettings, base_config, settings_from_config
 from specjax.generate import pad_prompts
 from specjax.metrics import summarize
@@ -35,7 +35,7 @@ from specjax.metrics import summarize
 
 def untrained() -> tuple[str, ...]:
   """The methods `SpeculativeLM` takes by name besides shipped drafters: those whose registry
-  entry has `by_name` (ar, prompt_lookup, suffix), which need no weights named."""
+  entry has `by_name` (ar, prompt_lookup, smc, suffix), which need no weights named."""
   return tuple(n for n in registry.names() if registry.get(n).by_name is not None)
 
 
@@ -106,7 +106,8 @@ class SpeculativeLM:
   Args:
     model: registry name, Hugging Face directory or .gguf file of the target, or a loaded
       `Target` (`specjax.experiment.methods.load_target`) to share one between methods.
-    method: "ar", "prompt_lookup", "suffix" or a shipped drafter's name.
+    method: "ar", "prompt_lookup", "suffix", "smc" (SMC-SD; temperature > 0, draft model and
+      particles from config, e.g. {"smc.n_particles": 8}) or a shipped drafter's name.
     k: draft length (block size for a parallel drafter); default the settings' (4).
     tree: draft a token tree (the drafter's tree form) instead of a chain.
     temperature: 0 for greedy; > 0 samples (lossless rules keep the target's distribution).
@@ -160,6 +161,5 @@ class SpeculativeLM:
     if self.method is None:
       metrics = {"target_passes": int(out.target_passes[b])}
     else:
-      m = smc_metrics(out, self.method.drafter.k) if self.method.loop == "smc" else out.metrics
-      metrics = summarize(jax.tree.map(lambda x: x[b : b + 1], m))
+      metrics = summarize(jax.tree.map(lambda x: x[b : b + 1], out.metrics))
     return Completion(self.target.tokenizer.decode(tokens), tokens, metrics)

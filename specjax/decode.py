@@ -99,7 +99,8 @@ class DecodeState:
     cache: the target cache; holds K/V of seq[:, :seq_len - 1].
     draft_state: the drafter's state pytree (() for AR).
     done: [B] bool rows that stopped (stop token or budget).
-    metrics: the loop's counters: `SpecMetrics` (chain, tree), [B] target passes (AR), `SMCStats`.
+    metrics: the loop's counters: `SpecMetrics` (chain, tree), [B] target passes (AR), `SMCStats`
+      (SMC-SD: weights, and a `SpecMetrics` per particle row).
     key: PRNG key of the next step.
   """
 

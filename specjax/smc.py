@@ -10,9 +10,11 @@ p_T^alpha / Z. Every token is kept. The particle's log-weight grows by
 over the tokens it actually committed (positions after a stop token are masked). This is sequential
 importance sampling for the sequence distribution pi(x) proportional to prod_t p_T(x_t | x_<t)^alpha
 (alpha = 1: the target itself). When a request's effective sample size 1 / sum(w_norm^2) drops below
-threshold * N, its particles are resampled (systematic by default, or multinomial): particles, caches
-and drafter state are gathered by ancestor index within the request's own rows, weights reset, and
-the log normaliser estimate log Z accumulates log(mean w). At the end one particle per request is drawn from the normalised weights.
+threshold * N, its particles are resampled (systematic by default, or multinomial): particles,
+caches, drafter state and counters are gathered by ancestor index within the request's own rows,
+weights reset, and the log normaliser estimate log Z accumulates log(mean w). At the end one particle
+per request is drawn from the normalised weights; its counters (`SpecMetrics`, kept per particle row
+in the loop) are the request's metrics.
 
 Unlike the speculative-sampling loop, SMC-SD is not exact for finite N: it is consistent (the output
 distribution approaches pi as N grows). Draft length here is `drafter.k` (= gamma); the draft model's
@@ -43,6 +45,7 @@ from specjax.decode import (
   spec_step,
 )
 from specjax.kv_cache import KVCache
+from specjax.metrics import SpecMetrics
 from specjax.model import Params
 from specjax.sampling import SamplingConfig
 from specjax.target import TargetModel, as_target
@@ -140,6 +143,10 @@ class SMCOutput:
     ess: [R, C] effective sample size after each cycle (before any resampling); -1 past the end.
     resamples: [R] how many times each request was resampled.
     target_passes: [R] verify passes (cycles) each request ran.
+    metrics: the chosen particle's counters per request (`SpecMetrics`, R rows), counted in the
+      loop for its lineage: its target passes are the cycles in which it (or, before a resampling,
+      its ancestor) was live, at most `target_passes` (fewer when it stopped before the request's
+      other particles).
     particle_tokens: [R, N, max_new_tokens] every particle's tokens; particle_lengths [R, N].
     log_weights: [R, N] final log-weights.
   """
@@ -150,6 +157,7 @@ class SMCOutput:
   ess: jax.Array
   resamples: jax.Array
   target_passes: jax.Array
+  metrics: SpecMetrics
   particle_tokens: jax.Array
   particle_lengths: jax.Array
   log_weights: jax.Array
@@ -167,6 +175,8 @@ class SMCStats:
     resamples: [R] resamplings so far.
     passes: [R] verify passes (cycles) each request ran.
     cycle: scalar cycle counter.
+    counters: each particle row's `SpecMetrics` (R * N rows), gathered with the row's other state
+      when its request resamples, so that they count the row's own lineage.
   """
 
   logw: jax.Array
@@ -175,13 +185,16 @@ class SMCStats:
   resamples: jax.Array
   passes: jax.Array
   cycle: jax.Array
+  counters: SpecMetrics
 
 
 @dataclasses.dataclass(frozen=True)
 class SMCVerifier:
   """SMC-SD's verify plug-in: every drafted token is kept, a bonus token is drawn from the
   target's power conditional p_T^alpha / Z, and `account` adds each particle's importance
-  weight for what it committed (`incremental_log_weight`)."""
+  weight for what it committed (`incremental_log_weight`) and counts the cycle in the particle's
+  `SpecMetrics`: all K drafts proposed and accepted by the rule, of which those committed (all, or
+  the first m <= K when a stop token or the budget cut the cycle) count as accepted and reached."""
 
   smc: SMCConfig
   k: int
@@ -211,7 +224,10 @@ class SMCVerifier:
     logw = st.logw + inc.reshape(R, N)
     group_live = jnp.any(live.reshape(R, N), 1)
     ess = st.ess.at[:, st.cycle].set(jnp.where(group_live, effective_sample_size(logw), -1.0))
-    return SMCStats(logw, st.log_z, ess, st.resamples, st.passes + group_live, st.cycle + 1)
+    counters = st.counters.update(live, v.n_drafted, v.n_accepted, m)
+    return SMCStats(
+      logw, st.log_z, ess, st.resamples, st.passes + group_live, st.cycle + 1, counters
+    )
 
 
 def batch_axes(make_state) -> Any:
@@ -271,11 +287,11 @@ def take_within_groups(tree, axes, ancestors: jax.Array):
 
 
 def _rows(s: DecodeState):
-  return (s.seq, s.seq_len, s.done, s.cache, s.draft_state)
+  return (s.seq, s.seq_len, s.done, s.cache, s.draft_state, s.metrics.counters)
 
 
 def _row_axes(draft_axes):
-  return (0, 0, 0, KVCache(1, 1, 0), draft_axes)
+  return (0, 0, 0, KVCache(1, 1, 0), draft_axes, SpecMetrics(0, 0, 0, 0, 0, 0))
 
 
 def resample(s: DecodeState, key, need, smc: SMCConfig, draft_axes) -> DecodeState:
@@ -284,7 +300,7 @@ def resample(s: DecodeState, key, need, smc: SMCConfig, draft_axes) -> DecodeSta
   R, N = st.logw.shape
   ancestors = jax.vmap(RESAMPLERS[smc.resampling])(jax.random.split(key, R), st.logw)  # [R, N]
   ancestors = jnp.where(need[:, None], ancestors, jnp.arange(N)[None, :])
-  seq, seq_len, done, cache, draft_state = take_within_groups(
+  seq, seq_len, done, cache, draft_state, counters = take_within_groups(
     _rows(s), _row_axes(draft_axes), ancestors
   )
   log_mean_w = jax.nn.logsumexp(st.logw, -1) - math.log(N)
@@ -293,6 +309,7 @@ def resample(s: DecodeState, key, need, smc: SMCConfig, draft_axes) -> DecodeSta
     logw=jnp.where(need[:, None], 0.0, st.logw),
     log_z=st.log_z + jnp.where(need, log_mean_w, 0.0),
     resamples=st.resamples + need,
+    counters=counters,
   )
   return DecodeState(seq, seq_len, cache, draft_state, done, st, s.key)
 
@@ -346,6 +363,7 @@ def _smc(params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter,
     resamples=jnp.zeros((R,), jnp.int32),
     passes=jnp.zeros((R,), jnp.int32),
     cycle=jnp.int32(0),
+    counters=SpecMetrics.zeros(R * N, K),
   )
   state = begin(
     prompts, lens, first, budgets, smc.stop_tokens, width=capacity, cache=cache,
@@ -361,6 +379,9 @@ def _smc(params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter,
   logw = state.metrics.logw
   pick = jax.random.categorical(key, logw, -1)  # [R]
   chosen = jax.vmap(lambda rows, i: rows[i])
+  counters = jax.tree.map(
+    lambda x: chosen(x.reshape((R, N) + x.shape[1:]), pick), state.metrics.counters
+  )
   log_z = state.metrics.log_z + jax.nn.logsumexp(logw, -1) - math.log(N)
   return SMCOutput(
     tokens=chosen(toks, pick),
@@ -369,6 +390,7 @@ def _smc(params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter,
     ess=state.metrics.ess,
     resamples=state.metrics.resamples,
     target_passes=state.metrics.passes,
+    metrics=counters,
     particle_tokens=toks,
     particle_lengths=n_new,
     log_weights=logw,

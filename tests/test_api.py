@@ -76,3 +76,16 @@ def test_bad_requests_name_the_problem():
   s = method_settings("smollm2-135m-instruct", "medusa4-smollm2-135m", tree=True,
                       config={"tree.n_nodes": 8})  # fmt: skip
   assert (s.method, s.tree.kind, s.tree.n_nodes) == ("tree", "heads", 8)
+
+
+def test_smc_reports_the_returned_particles_counters(target):
+  # SMC-SD keeps every draft: each whole cycle commits k drafts and a bonus token, and the counters
+  # are those the loop kept for the particle it returns (not derived after the loop).
+  lm = SpeculativeLM(
+    target, "smc", k=3, temperature=0.7, max_new_tokens=12, config={"smc.n_particles": 2}
+  )
+  for c in lm.generate(QUESTIONS[:2]):
+    m, n = c.metrics, len(c.tokens)
+    assert 1 <= n <= 12 and m["emitted"] == n - 1
+    assert m["drafted"] == 3 * m["target_passes"] and m["accepted"] <= m["drafted"]
+    assert m["accepted"] + m["target_passes"] >= m["emitted"]  # a cut last cycle commits fewer

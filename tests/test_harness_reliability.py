@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import types
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ from specjax.experiment.settings import unknown_field_message
 from specjax.generate import GenerateConfig, pad_prompts
 from specjax.metrics import SpecMetrics, summarize
 from specjax.model import init_params
+from specjax.smc import SMCConfig, smc_generate
 from specjax.speculative import speculative_generate
 from specjax.tree_speculative import tree_speculative_generate
 
@@ -240,11 +240,18 @@ def test_chain_and_tree_loops_count_a_cut_last_pass():
 
 
 def test_smc_counts_a_cut_last_cycle():
+  params, cfg = tiny_model(3, vocab=64)
+  P, L = pad_prompts([[5, 9, 2, 7, 1, 3]], bucket=8)
   # K = 4, 8 tokens: the prefill's, a whole cycle of 4 drafts + bonus, then 2 drafts (the budget).
-  out = types.SimpleNamespace(target_passes=np.array([2]), lengths=np.array([8]))
-  m = runner_lib.smc_metrics(out, 4)
+  smc = SMCConfig(n_particles=2, max_new_tokens=8)
+  out = smc_generate(
+    params, cfg, DraftModelDrafter(cfg, 4), params, P, L, smc, jax.random.PRNGKey(0)
+  )
+  m = out.metrics
+  assert int(m.target_passes[0]) == int(out.target_passes[0]) == 2 and int(m.drafted[0]) == 8
   assert int(m.accepted[0]) == 6 and int(m.emitted[0]) == 7
   assert np.asarray(m.accepted_at).tolist() == np.asarray(m.reached_at).tolist() == [[2, 2, 1, 1]]
+  _check_cut_last_pass(m, 8)
 
 
 # ---- labels and plots ---------------------------------------------------------------------------

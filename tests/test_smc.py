@@ -24,6 +24,7 @@ from specjax import smc as smc_lib
 from specjax.drafters import DraftModelDrafter, EagleDrafter, EagleParams, PromptLookupDrafter
 from specjax.generate import pad_prompts, prefill
 from specjax.kv_cache import KVCache
+from specjax.metrics import SpecMetrics
 from specjax.model import init_params
 from specjax.sampling import SamplingConfig
 from specjax.smc import (
@@ -115,6 +116,45 @@ def _power_target(target, cfg, n, alpha):
   return (pi / pi.sum()).reshape((V,) * n)
 
 
+def _derived_metrics(passes, lengths, k: int) -> dict:
+  """The counters the experiment runner used to derive after the loop (before #12), kept here as
+  an independent check of the loop's: each cycle of the chosen particle commits k drafts and a
+  bonus token except a last cycle cut by a stop token or the budget (its first r <= k drafts), so
+  of E emitted tokens f = E // (k + 1) cycles were whole, E - f drafts were accepted, and position
+  i was reached and accepted in the f whole cycles and in the cut one if i < r = E - f (k + 1)."""
+  passes = np.asarray(passes)
+  emitted = np.asarray(lengths) - 1
+  whole = emitted // (k + 1)
+  rest = emitted - whole * (k + 1)
+  per_pos = whole[:, None] + (np.arange(k)[None, :] < rest[:, None])
+  return {
+    "target_passes": passes,
+    "drafted": passes * k,
+    "accepted": emitted - whole,
+    "emitted": emitted,
+    "accepted_at": per_pos,
+    "reached_at": per_pos,
+  }
+
+
+def _check_counted_metrics(out, k: int) -> int:
+  """The chosen particles' counted `SpecMetrics` against `_derived_metrics`, exactly. The
+  derivation took the request's passes, which are the particle's own only if it ran to its
+  request's last cycle; a particle that stopped earlier ran ceil(E / (k + 1)) cycles (each but a
+  cut last one commits k + 1 tokens). Returns how many chosen particles stopped early."""
+  fields = [f.name for f in dataclasses.fields(SpecMetrics)]
+  counted = {name: np.asarray(getattr(out.metrics, name)) for name in fields}
+  request = np.asarray(out.target_passes)
+  own = -(-(np.asarray(out.lengths) - 1) // (k + 1))
+  for name, want in _derived_metrics(own, out.lengths, k).items():
+    np.testing.assert_array_equal(counted[name], want, err_msg=name)
+  assert (own <= request).all()
+  full = own == request  # there the derivation from the request's passes holds in every field
+  for name, want in _derived_metrics(request, out.lengths, k).items():
+    np.testing.assert_array_equal(counted[name][full], want[full], err_msg=name)
+  return int((~full).sum())
+
+
 def _run(toy, n_particles, max_new, seed, **kw):
   target, cfg, draft, dcfg = toy
   P, L = pad_prompts([PROMPT] * R, bucket=len(PROMPT))
@@ -123,6 +163,7 @@ def _run(toy, n_particles, max_new, seed, **kw):
     target, cfg, DraftModelDrafter(dcfg, k=1), draft, P, L, smc, jax.random.PRNGKey(seed)
   )
   assert (np.asarray(out.lengths) == max_new).all()
+  assert _check_counted_metrics(out, 1) == 0  # no stop tokens: every particle runs every cycle
   return np.asarray(out.tokens)[:, :max_new], out
 
 
@@ -179,10 +220,14 @@ def test_broken_weight_is_caught(toy, monkeypatch):
   assert tv > 0.1, tv
 
 
-def test_stops_mask_weights_and_end_particles(toy):
+@pytest.mark.parametrize("ess_threshold", [0.5, 1.0])
+def test_stops_mask_weights_and_end_particles(toy, ess_threshold):
   target, cfg, draft, dcfg = toy
   P, L = pad_prompts([PROMPT] * 64, bucket=len(PROMPT))
-  smc = SMCConfig(n_particles=4, max_new_tokens=12, stop_tokens=(0,), draft_temperature=1.0)
+  smc = SMCConfig(
+    n_particles=4, max_new_tokens=12, stop_tokens=(0,), draft_temperature=1.0,
+    ess_threshold=ess_threshold,
+  )  # fmt: skip
   out = smc_generate(
     target, cfg, DraftModelDrafter(dcfg, k=2), draft, P, L, smc, jax.random.PRNGKey(0)
   )
@@ -194,6 +239,11 @@ def test_stops_mask_weights_and_end_particles(toy):
       assert len(stops) == 0 or stops[0] == len(row) - 1  # nothing after a stop token
       assert lens[r, n] == 12 or row[-1] == 0
   assert np.isfinite(np.asarray(out.log_z)).all()
+  # The counters follow each particle's lineage through resampling (at 1.0, every cycle), and some
+  # chosen particles stopped before their request's last cycle: there the old derivation, which
+  # took the request's passes, overcounted the particle's passes and drafts.
+  assert int(np.asarray(out.resamples).sum()) > 0
+  assert _check_counted_metrics(out, 2) > 0
 
 
 def test_cycles_copy_no_cache_unless_they_resample():
@@ -234,6 +284,7 @@ def test_per_row_budgets_end_each_request(toy):
   # a request's passes end with its budget: one cycle commits up to k + 1 = 3 tokens
   passes = np.asarray(out.target_passes)
   assert passes[0] < passes[2] < passes[1], passes
+  assert _check_counted_metrics(out, 2) == 0
 
 
 def test_drafter_without_q_is_an_error(toy):

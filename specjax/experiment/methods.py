@@ -349,6 +349,7 @@ register(
     describe=_draft_model_clause,
     check=_smc_samples,
     adapts=False,
+    by_name=_chain_only,
   )
 )
 

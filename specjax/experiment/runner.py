@@ -41,7 +41,6 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import DraftsFromOutputs
@@ -50,7 +49,7 @@ from specjax.experiment.settings import SMCSettings
 from specjax.experiment.tasks import Prompt, conversation
 from specjax.generate import GenerateConfig, generate, pad_prompts
 from specjax.metrics import SpecMetrics, summarize
-from specjax.smc import SMCConfig, SMCOutput, smc_generate
+from specjax.smc import SMCConfig, smc_generate
 from specjax.speculative import speculative_generate
 from specjax.tree_speculative import tree_speculative_generate
 
@@ -179,9 +178,8 @@ class Runner:
     tokens = np.asarray(out.tokens[0, :n]).tolist()
     if method is None:
       return Generation(tokens, wall, None, int(out.target_passes[0]))
-    if method.loop == "smc":
-      metrics = smc_metrics(out, method.drafter.k)
-      return Generation(tokens, wall, metrics, int(out.target_passes[0]))
+    if method.loop == "smc":  # the chosen particle's counters, counted in the loop
+      return Generation(tokens, wall, out.metrics, int(out.metrics.target_passes[0]))
     return Generation(
       tokens, wall, out.metrics, int(out.metrics.target_passes[0]), adaptive_trace(out.adaptive)
     )
@@ -251,20 +249,6 @@ def smc_config(s: SMCSettings, gen: GenerateConfig) -> SMCConfig:
     max_new_tokens=gen.max_new_tokens,
     stop_tokens=tuple(gen.stop_tokens),
   )
-
-
-def smc_metrics(out: SMCOutput, k: int) -> SpecMetrics:
-  """SMC-SD's counters in `SpecMetrics` form. SMC-SD rejects nothing, and each cycle of the chosen
-  particle commits k drafts and a bonus token, except a last cycle cut by a stop token or the
-  budget, which commits its first r <= k drafts only. So of its E emitted tokens,
-  f = E // (k + 1) cycles were whole, and "accepted" (committed drafts) is E - f; position i was
-  reached, and accepted, in the f whole cycles and in the cut one if i < r = E - f (k + 1)."""
-  passes = jnp.asarray(out.target_passes, jnp.int32)
-  emitted = jnp.asarray(out.lengths, jnp.int32) - 1
-  whole = emitted // (k + 1)
-  rest = emitted - whole * (k + 1)
-  per_pos = whole[:, None] + (jnp.arange(k)[None, :] < rest[:, None])
-  return SpecMetrics(passes, passes * k, emitted - whole, emitted, per_pos, per_pos)
 
 
 def adaptive_trace(trace) -> list[int] | None:
