@@ -33,6 +33,7 @@ from specjax.config import ModelConfig
 from specjax.kv_cache import KVCache
 from specjax.loading.heads import Eagle3HeadParams, Eagle3LayerParams, MedusaHeadParams
 from specjax.model import init_params
+from specjax.registry import Registry
 from specjax.sharding import (
   DEFAULT_RULES,
   MeshConfig,
@@ -112,8 +113,7 @@ class DrafterSpec:
   n_blocks: int = 1
 
   def __post_init__(self):
-    if self.kind not in _LAYOUTS:
-      raise ValueError(f"drafter kind must be one of {drafter_kinds()}, got {self.kind!r}")
+    _LAYOUTS.get(self.kind)  # an unknown kind is a ValueError listing the registered ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,8 +152,8 @@ class Deployment:
     dtype = c.dtype
     target = ModelConfig.from_hf_dict(_plain(c.target.hf_config), dtype=dtype)
     d = c.drafter
-    dcfg, layout = None, _LAYOUTS.get(d.kind)  # an unknown kind fails in DrafterSpec
-    if layout is not None and layout.decoder_config:
+    dcfg, layout = None, _LAYOUTS.get(d.kind)  # ValueError for an unknown kind
+    if layout.decoder_config:
       dcfg = ModelConfig.from_hf_dict(_plain(d.hf_config), dtype=dtype)
       if dcfg.vocab_size != target.vocab_size:
         raise ValueError(f"{d.kind} vocabulary {dcfg.vocab_size} != target's {target.vocab_size}")
@@ -254,20 +254,20 @@ class DrafterLayout:
   cache_layers: Callable[[DrafterSpec], int] | None = None
 
 
-_LAYOUTS: dict[str, DrafterLayout] = {}
+_LAYOUTS: Registry[DrafterLayout] = Registry(
+  "drafter layout",
+  unknown=lambda name, known: f"drafter kind must be one of {known}, got {name!r}",
+)
 
 
 def register_layout(layout: DrafterLayout) -> DrafterLayout:
   """Adds `layout` (a second one of the same name is an error)."""
-  if layout.name in _LAYOUTS:
-    raise ValueError(f"drafter layout {layout.name!r} is registered twice")
-  _LAYOUTS[layout.name] = layout
-  return layout
+  return _LAYOUTS.register(layout)
 
 
 def drafter_kinds() -> tuple[str, ...]:
   """The registered drafter kinds, in registration order."""
-  return tuple(_LAYOUTS)
+  return _LAYOUTS.names()
 
 
 register_layout(
@@ -299,7 +299,7 @@ register_layout(
 
 def abstract_drafter(dep: Deployment) -> Any:
   """The drafter's weights as ShapeDtypeStructs."""
-  return _LAYOUTS[dep.drafter.kind].weights(dep)
+  return _LAYOUTS.get(dep.drafter.kind).weights(dep)
 
 
 def count_params(tree: Any) -> int:
@@ -336,7 +336,7 @@ def memory_plan(dep: Deployment, n_devices: int | None = None) -> dict:
   d_specs = param_specs(drafter, mesh, dep.rules, dep.drafter.cfg)
   cache = abstract_cache(dep.target, dep.rows, dep.capacity)
   d, d_cache = dep.drafter, None
-  cache_layers = _LAYOUTS[d.kind].cache_layers
+  cache_layers = _LAYOUTS.get(d.kind).cache_layers
   if cache_layers is not None:
     d_cache = abstract_cache(d.cfg, dep.rows, dep.capacity, n_layers=cache_layers(d))
   plan = {

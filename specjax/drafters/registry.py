@@ -21,6 +21,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from specjax.model import LayerParams
+from specjax.registry import Registry
 
 
 class ShippedDrafterError(ValueError):
@@ -69,23 +70,23 @@ class DrafterKind:
     return getattr(importlib.import_module(module), fn)(o, target_cfg)
 
 
-_KINDS: dict[str, DrafterKind] = {}
+_KINDS: Registry[DrafterKind] = Registry(
+  "drafter kind",
+  populate="specjax.drafters",  # its modules register the kinds
+  sort=True,
+  module=lambda kind: kind.chain.__module__,
+  unknown=lambda name, known: f"unknown drafter kind {name!r}; registered: {', '.join(known)}",
+)
 
 
 def register(kind: DrafterKind) -> DrafterKind:
-  """Adds `kind` (a second kind of the same name is an error)."""
-  old = _KINDS.get(kind.name)
-  if old is not None and old.chain.__module__ != kind.chain.__module__:
-    raise ValueError(f"drafter kind {kind.name!r} is registered twice")
-  _KINDS[kind.name] = kind
-  return kind
+  """Adds `kind` (a second kind of the same name, from another module, is an error)."""
+  return _KINDS.register(kind)
 
 
 def names() -> tuple[str, ...]:
   """The registered kinds, sorted."""
-  import specjax.drafters  # noqa: F401 - its modules register the kinds
-
-  return tuple(sorted(_KINDS))
+  return _KINDS.names()
 
 
 def get(name: str) -> DrafterKind:
@@ -94,7 +95,4 @@ def get(name: str) -> DrafterKind:
   Raises:
     ValueError: for an unknown kind, listing the known ones.
   """
-  known = names()
-  if name not in _KINDS:
-    raise ValueError(f"unknown drafter kind {name!r}; registered: {', '.join(known)}")
-  return _KINDS[name]
+  return _KINDS.get(name)

@@ -23,6 +23,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from specjax.registry import Registry
+
 
 @dataclasses.dataclass(frozen=True)
 class MethodKind:
@@ -53,23 +55,22 @@ class MethodKind:
   by_name: Callable[[Any, bool], None] | None = None
 
 
-_KINDS: dict[str, MethodKind] = {}
+_KINDS: Registry[MethodKind] = Registry(
+  "experiment method",
+  populate="specjax.experiment.methods",  # registers the built-in methods
+  module=lambda kind: kind.build.__module__,
+  unknown=lambda name, known: f"config.method must be one of {known}, got {name!r}",
+)
 
 
 def register(kind: MethodKind) -> MethodKind:
   """Adds `kind` (a second method of the same name, from another module, is an error)."""
-  old = _KINDS.get(kind.name)
-  if old is not None and old.build.__module__ != kind.build.__module__:
-    raise ValueError(f"experiment method {kind.name!r} is registered twice")
-  _KINDS[kind.name] = kind
-  return kind
+  return _KINDS.register(kind)
 
 
 def names() -> tuple[str, ...]:
   """The registered methods, in registration order."""
-  import specjax.experiment.methods  # noqa: F401 - registers the built-in methods
-
-  return tuple(_KINDS)
+  return _KINDS.names()
 
 
 def get(name: str) -> MethodKind:
@@ -78,7 +79,4 @@ def get(name: str) -> MethodKind:
   Raises:
     ValueError: for an unknown method, listing the known ones.
   """
-  known = names()
-  if name not in _KINDS:
-    raise ValueError(f"config.method must be one of {known}, got {name!r}")
-  return _KINDS[name]
+  return _KINDS.get(name)
