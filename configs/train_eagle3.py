@@ -38,10 +38,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if arg == "scratch":  # the first stage's settings (1,200 steps, ~2.2 epochs of v1)
     config.train.update(dict(steps=1200, lr=2e-3, warmup=50))
     return config
-  # Continue the first stage's head on v2: 600 steps of 4 x 512 positions, ~0.4 epoch of v2's
+  # Continue the first stage's head on v2: 400 steps of 4 x 512 positions, ~0.3 epoch of v2's
   # response tokens, ~2.3 s/step on 2 cores (what one session's CPU time allowed).
   config.objective.init_from = "eagle3-smollm2-135m"
-  config.train.update(dict(steps=600, lr=1e-3, warmup=50))
+  config.train.update(dict(steps=400, lr=1e-3, warmup=50))
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.fuse_layers = (0, 1)
