@@ -168,6 +168,8 @@ CONFIGS = [
   ("parallel.py", "pard,", "shipped"),
   ("parallel.py", "peagle_tree,", "tree"),
   ("parallel.py", "pard_tree,", "tree"),
+  ("lookup_first.py", "", "lookup_first"),
+  ("lookup_first.py", "medusa4,", "lookup_first"),
 ]
 
 
@@ -297,6 +299,17 @@ def test_ar_only_and_draft_model_methods(target, spec_bench, tmp_path):
   assert method.name == "draft_model_l1_k3" and method.drafter.cfg.n_layers == 1
   recs = runner_lib.run_suite(make_runner(target, dm), prompts, str(tmp_path / "dm"), {})
   assert recs[0]["methods"]["draft_model_l1_k3"]["same_as_ar"]
+
+
+def test_lookup_first_method(target, spec_bench, tmp_path):
+  """Prompt lookup first, the draft model elsewhere, through the harness: identical to AR."""
+  prompts = tasks.load_spec_bench(spec_bench, ("summarization",), 1)  # copies from its article
+  s = small_settings(method="lookup_first", **{"drafter.n_layers": 1, "drafter.min_ngram": 2})
+  method = build_method(s, target)
+  assert method.name == "lookup_first_draft_model_l1_k3"
+  assert (method.drafter.k, method.drafter.model.k, method.drafter.min_ngram) == (3, 3, 2)
+  rec = runner_lib.run_suite(make_runner(target, s), prompts, str(tmp_path), {})[0]
+  assert rec["methods"][method.name]["same_as_ar"]
 
 
 def test_tree_method_is_lossless(target, spec_bench, tmp_path, kind="static"):

@@ -25,6 +25,7 @@ from specjax.drafters import (
   check_same_vocabulary,
 )
 from specjax.drafters import registry as drafter_registry
+from specjax.drafters.lookup_first import LookupFirstDrafter
 from specjax.drafters.suffix import SuffixDrafter, SuffixTreeDrafter
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
 from specjax.experiment import registry
@@ -273,6 +274,41 @@ def _needs_shipped(config) -> None:
 register(
   MethodKind(
     "shipped", _shipped, label=lambda s: f"{_head(s)}_k{s.drafter.k}", check=_needs_shipped
+  )
+)
+
+
+def _lookup_first(settings, target, load_model) -> Method:
+  """Prompt lookup where the row's last tokens occurred before, else a trained chain drafter: the
+  shipped one `drafter.shipped` names, or the draft model `drafter.model` (n_layers as usual)."""
+  d = settings.drafter
+  if d.shipped:
+    shipped = load_shipped_drafter(d.shipped, target, d.weights_dtype)
+    model, params = shipped.drafter(d.k), shipped.params
+  else:
+    params, cfg = _draft_model(settings, target, load_model)
+    model = DraftModelDrafter(cfg, d.k)
+  drafter = LookupFirstDrafter(model, d.k, d.max_ngram, d.min_ngram)
+  return Method(method_label(settings), drafter, params, make_rule(settings.rule))
+
+
+def _lookup_first_label(settings: ExperimentSettings) -> str:
+  model = _head(settings) if settings.drafter.shipped else f"draft_model{_layers(settings)}"
+  return f"lookup_first_{model}_k{settings.drafter.k}"
+
+
+def _lookup_first_describe(settings: ExperimentSettings) -> str:
+  d = settings.drafter
+  clause = _shipped_clause(settings) if d.shipped else _draft_clause(settings)
+  return f", prompt lookup ({d.min_ngram}-{d.max_ngram}-grams) first" + clause
+
+
+register(
+  MethodKind(
+    "lookup_first",
+    _lookup_first,
+    label=_lookup_first_label,
+    describe=_lookup_first_describe,
   )
 )
 

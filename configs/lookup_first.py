@@ -1,0 +1,39 @@
+"""Lookup first, a shipped drafter otherwise, against AR on Spec-Bench, greedy, batch 1.
+
+Each step, per row, prompt lookup's continuation where the row's last 2-3 tokens occurred before
+in its prompt or output, the shipped drafter's chain elsewhere (`specjax.drafters.lookup_first`).
+`eagle3` (default) uses the shipped `eagle3-smollm2-135m` head, `medusa4` the Medusa heads,
+`draft_lm2` the 2-layer draft LM. K = 2: the draft length at which both prompt lookup and the
+EAGLE-3 head were fastest on this CPU (benchmarks/RESULTS.md).
+
+Commands (from the repository root):
+
+  python experiments/run.py --config=configs/lookup_first.py:small --workdir=/tmp/specjax_lf_small
+  python experiments/run.py --config=configs/lookup_first.py --workdir=/tmp/specjax_lookup_first
+  # Overrides: copy after any repeated token; in-loop adaptive K.
+  python experiments/run.py --config=configs/lookup_first.py:small --workdir=/tmp/specjax_lf1 \\
+    --config.drafter.min_ngram=1
+  python experiments/run.py --config=configs/lookup_first.py:small --workdir=/tmp/specjax_lf_ad \\
+    --config.adaptive=True --config.adaptive_ks=0,2,3
+"""
+
+import ml_collections
+
+from specjax.experiment.settings import apply_variant, base_config, split_arg
+
+SHIPPED = {
+  "eagle3": "eagle3-smollm2-135m",
+  "medusa4": "medusa4-smollm2-135m",
+  "draft_lm2": "draft-lm2-smollm2-135m",
+}
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  model, variant = split_arg(arg, tuple(SHIPPED))
+  config = base_config()
+  config.method = "lookup_first"
+  config.drafter.shipped = SHIPPED[model]
+  config.drafter.k = 2
+  config.drafter.max_ngram = 3
+  config.drafter.min_ngram = 2
+  return apply_variant(config, variant)

@@ -1,0 +1,148 @@
+"""Lookup first, a trained drafter otherwise (`specjax.drafters.lookup_first`).
+
+(a) Each row's draft is prompt lookup's continuation where its last tokens occurred before and the
+trained drafter's chain elsewhere, with q a point mass on copied tokens; (b) greedy decoding is
+token-identical to AR at batch 1 and on a ragged batch, fixed and adaptive K; (c) at temperature >
+0 speculative sampling reproduces the target's distribution, and a version that reports the
+trained drafter's q for copied tokens fails the same test (negative control).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_drafters_heads import (  # the heads' toy drafters, target and chi-square helpers
+  V_SMALL,
+  _gof,
+  _Protocol,
+  _sample,
+  ar_reference,  # noqa: F401 (fixture)
+  make_drafter,
+  target,  # noqa: F401 (fixture)
+)
+from toy_models import exact_continuation_probs, tiny_config
+
+from specjax import adaptive as adp
+from specjax.drafters.lookup_first import LookupFirstDrafter
+from specjax.metrics import summarize
+from specjax.model import init_params
+from specjax.sampling import SamplingConfig
+from specjax.speculative import speculative_generate
+
+
+def test_invalid_settings(target):  # noqa: F811
+  model, _ = make_drafter("medusa", *target, 2, np.arange(64))
+  with pytest.raises(ValueError, match="min_ngram"):
+    LookupFirstDrafter(model, k=2, max_ngram=2, min_ngram=3)
+  with pytest.raises(ValueError, match="k must be"):
+    LookupFirstDrafter(model, k=0)
+  with pytest.raises(TypeError, match="chain drafter"):
+    LookupFirstDrafter(object())
+
+
+def test_copies_where_the_row_matches_and_drafts_elsewhere(target):  # noqa: F811
+  """Row 0 ends with "5 6", which occurred before ("7 8 9" follows it); row 1 repeats no pair."""
+  tparams, cfg = target
+  model, dparams = make_drafter("eagle3", tparams, cfg, 3, np.arange(64), seed=2)
+  drafter = LookupFirstDrafter(model, k=3, max_ngram=3, min_ngram=2)
+  rows = [[5, 6, 7, 8, 9, 5, 6], [1, 2, 3, 4, 10, 11, 12]]
+  prompts = jnp.asarray([r[:-1] for r in rows], jnp.int32)
+  lens = jnp.full((2,), 6, jnp.int32)
+  capacity, key = 32, jax.random.PRNGKey(0)
+  seq = jnp.zeros((2, capacity), jnp.int32).at[:, :7].set(jnp.asarray(rows))
+  seq_len = jnp.full((2,), 7, jnp.int32)
+
+  def propose(d):
+    run = _Protocol(d, tparams, cfg, width=6, capacity=capacity)
+    _, state = run.init(dparams, tparams, prompts, lens)
+    return run.propose(dparams, state, seq, seq_len, key)
+
+  both, alone = propose(drafter), propose(model)
+  np.testing.assert_array_equal(np.asarray(both.tokens[0]), [7, 8, 9])
+  np.testing.assert_array_equal(np.asarray(both.tokens[1]), np.asarray(alone.tokens[1]))
+  np.testing.assert_array_equal(np.asarray(both.n_drafted), [3, 3])
+  q = np.exp(np.asarray(both.logq))
+  np.testing.assert_array_equal(q[0], np.asarray(jax.nn.one_hot(jnp.asarray([7, 8, 9]), 64)))
+  np.testing.assert_allclose(q[1], np.exp(np.asarray(alone.logq[1])), rtol=1e-6)
+  # The trained drafter's state moves as if it had drafted alone.
+  jax.tree.map(np.testing.assert_array_equal, both.state, alone.state)
+
+
+KINDS = [("eagle3", 3), ("medusa", 2), ("draft_lm", 4)]
+
+
+@pytest.mark.parametrize("kind,k", KINDS)
+def test_greedy_identical_to_ar(target, ar_reference, kind, k):  # noqa: F811
+  params, cfg = target
+  P, L, gen, ar = ar_reference
+  model, dparams = make_drafter(kind, params, cfg, k, np.arange(64))
+  drafter = LookupFirstDrafter(model, k=k, min_ngram=1)  # 1: copies often on these short rows
+  out = speculative_generate(params, cfg, drafter, dparams, P, L, gen)  # ragged batch of 4
+  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  assert summarize(out.metrics)["accepted"] > 0
+  for b in (1, 3):  # batch 1
+    one = speculative_generate(params, cfg, drafter, dparams, P[b : b + 1], L[b : b + 1], gen)
+    n = int(ar.lengths[b])
+    assert int(one.lengths[0]) == n
+    np.testing.assert_array_equal(np.asarray(one.tokens[0, :n]), np.asarray(ar.tokens[b, :n]))
+
+
+def test_adaptive_greedy_identical_to_ar(target, ar_reference):  # noqa: F811
+  """In adaptive mode under a cost table that makes drafting pay only when drafts are accepted
+  often: identical to AR, with AR steps and drafting steps both taken."""
+  params, cfg = target
+  P, L, gen, ar = ar_reference
+  ks = (0, 2, 3)
+  model, dparams = make_drafter("eagle3", params, cfg, 3, np.arange(64))
+  drafter = LookupFirstDrafter(model, k=max(ks), min_ngram=1)
+  costs = adp.CostTable(ks, (1.0, 1.3, 1.4), (0.0, 0.0, 0.0))
+  out = speculative_generate(
+    params, cfg, drafter, dparams, P, L, gen, adaptive=adp.AdaptiveConfig(ks, decay=0.8),
+    costs=costs,
+  )  # fmt: skip
+  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  trace = jax.tree.map(np.asarray, out.adaptive)
+  chosen = set(trace.choices[: int(trace.n_steps)].tolist())
+  assert 0 in chosen and len(chosen) >= 2, chosen
+
+
+@dataclasses.dataclass(frozen=True)
+class MisreportingLookupFirst(LookupFirstDrafter):
+  """A WRONG drafter for the negative control: copies where lookup matches but reports the
+  trained drafter's q for the copied tokens instead of a point mass."""
+
+  def propose(self, params, state, seq, seq_len, key, sampling):
+    prop = super().propose(params, state, seq, seq_len, key, sampling)
+    drafted = self.trained().propose(params, state, seq, seq_len, key, sampling)
+    return dataclasses.replace(prop, logq=drafted.logq)
+
+
+def _small_target():
+  cfg = tiny_config(vocab=V_SMALL, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1)
+  return init_params(jax.random.PRNGKey(10), cfg, scale=0.3), cfg
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["lossless", "negative_control"])
+def test_sampling_matches_target_distribution(wrong):
+  """Prompt [1, 2, 4, 1, 2] ends with a pair seen before, so the first step copies "4 1"; later
+  steps copy or draft by what was sampled. The emitted 3-token sequences must follow the target's
+  exact distribution; reporting the model's q for copies must be caught."""
+  tparams, cfg = _small_target()
+  sampling = SamplingConfig(temperature=1.0)
+  prompt = [1, 2, 4, 1, 2]
+  probs = exact_continuation_probs(tparams, cfg, prompt, 3, sampling)
+  model, dparams = make_drafter("eagle3", tparams, cfg, 2, [0, 2, 3, 5], scale=0.5)
+  cls = MisreportingLookupFirst if wrong else LookupFirstDrafter
+  drafter = cls(model, k=2, max_ngram=2, min_ngram=2)
+  tokens, s = _sample(tparams, cfg, drafter, dparams, prompt, sampling)
+  if wrong:
+    assert _gof(tokens, probs) < 1e-8
+  else:
+    assert s["accepted"] > 1000 and s["acceptance_rate"] < 0.98, s
+    assert _gof(tokens, probs) > 1e-4
