@@ -26,6 +26,7 @@ from absl import app, flags
 
 from specjax.drafters.shipped import list_shipped
 from specjax.experiment import paper, plots
+from specjax.experiment.calibrate import with_costs
 from specjax.experiment.costs import draft_cost_ratio
 from specjax.experiment.methods import build_method, load_target
 from specjax.experiment.packaged import load_default_suite
@@ -54,15 +55,22 @@ _SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl (
 flags.mark_flags_as_required(["table", "workdir"])
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
-SPEC_BENCH_METHODS = [
-  "prompt_lookup.py",
-  "draft_model.py:draft_lm2",
-  "medusa.py:chain",
-  "medusa.py:tree",
-  "eagle.py:eagle1",
-  "eagle.py:eagle3",
-  "eagle.py:eagle2",
-  "trees.py:dynamic",
+ADAPTIVE = {"adaptive": True, "adaptive_ks": "0,2,3,4"}  # in-loop adaptive K (specjax.adaptive)
+SPEC_BENCH_METHODS = [  # (config spec, overrides)
+  ("prompt_lookup.py", {}),
+  ("draft_model.py:draft_lm2", {}),
+  ("medusa.py:chain", {}),
+  ("medusa.py:tree", {}),
+  ("eagle.py:eagle1", {}),
+  ("eagle.py:eagle3", {}),
+  ("eagle.py:eagle2", {}),
+  ("trees.py:dynamic", {}),
+  ("suffix.py:tree", {}),
+  ("suffix.py:chain", {}),
+  ("lookup_first.py", {}),
+  ("prompt_lookup.py", ADAPTIVE),
+  ("eagle.py:eagle3", ADAPTIVE),
+  ("lookup_first.py", ADAPTIVE),
 ]
 EAGLE3_TASKS = [
   ("mt_bench", "MT-bench"),
@@ -100,7 +108,7 @@ def method_specs(table: str) -> list[tuple[str, dict]]:
     "eagle.py:eagle2": importlib.util.find_spec("specjax.drafters.tree_eagle") is not None,
   }
   if table != "leviathan":
-    return [(s, {}) for s in SPEC_BENCH_METHODS if available.get(s, True)]
+    return [(s, o) for s, o in SPEC_BENCH_METHODS if available.get(s, True)]
   out = []
   for s in LEVIATHAN_METHODS:
     for k in map(int, _KS.value):
@@ -148,6 +156,8 @@ def main(argv):
     sys.exit(f"FATAL: {e}")
   print(f"loaded {_MODEL.value} and {len(methods)} methods in {time.perf_counter() - t0:.1f} s")
   log = lambda s: print(s, flush=True)
+  # Adaptive methods get their cost tables (calibrated once per machine and cached).
+  methods = [with_costs(s, target, m, log) for s, m in zip(settings, methods)]
   gen = settings[0].generate_config(target.tokenizer.stop_ids)
   runner = Runner(target, methods, gen, 0, 64, log=log)
   run_settings = {

@@ -18,6 +18,7 @@ import pytest
 from test_drafters_heads import (  # the heads' toy drafters, target and chi-square helpers
   V_SMALL,
   _gof,
+  _prompts,
   _Protocol,
   _sample,
   ar_reference,  # noqa: F401 (fixture)
@@ -27,6 +28,7 @@ from test_drafters_heads import (  # the heads' toy drafters, target and chi-squ
 from toy_models import exact_continuation_probs, tiny_config
 
 from specjax import adaptive as adp
+from specjax.drafters import StepResult
 from specjax.drafters.lookup_first import LookupFirstDrafter
 from specjax.metrics import summarize
 from specjax.model import init_params
@@ -70,6 +72,40 @@ def test_copies_where_the_row_matches_and_drafts_elsewhere(target):  # noqa: F81
   np.testing.assert_allclose(q[1], np.exp(np.asarray(alone.logq[1])), rtol=1e-6)
   # The trained drafter's state moves as if it had drafted alone.
   jax.tree.map(np.testing.assert_array_equal, both.state, alone.state)
+
+
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "peagle", "medusa", "draft_lm"])
+def test_sitting_out_leaves_the_state_a_proposal_would(target, kind):  # noqa: F811
+  """After `sit_out` (every row copied) and `commit`, the drafter proposes exactly what it proposes
+  after its own proposal and the same commit; steps accept 2, 0 and all 3 drafts."""
+  tparams, cfg = target
+  k, capacity, key = 3, 64, jax.random.PRNGKey(0)
+  model, dparams = make_drafter(kind, tparams, cfg, k, np.arange(64), seed=3)
+  run = _Protocol(model, tparams, cfg, width=48, capacity=capacity)
+  sit_out = jax.jit(lambda *a: model.sit_out(*a, SamplingConfig(temperature=1.0)))
+  prompt = _prompts()[1]
+  seq = jnp.zeros((1, capacity), jnp.int32).at[0, : len(prompt)].set(jnp.asarray(prompt))
+  seq_len = jnp.asarray([len(prompt)], jnp.int32)
+  pre, state = run.init(dparams, tparams, run.pad(seq[:, : len(prompt)]), seq_len)
+  seq, seq_len = seq.at[0, len(prompt)].set(jnp.argmax(pre.logits[0])), seq_len + 1
+  for n_acc in (2, 0, 3):
+    n = int(seq_len[0])
+    drafted = run.propose(dparams, state, seq, seq_len, key)
+    idle = sit_out(dparams, state, seq, seq_len, key)
+    block = jnp.concatenate([seq[:, : n - 1], seq[:, n - 1 : n], drafted.tokens], 1)
+    out = run.verify(tparams, run.pad(block))
+    layers = None if out.layer_hidden is None else out.layer_hidden[:, :, n - 1 : n + k]
+    nxt = jnp.argmax(out.logits[0, n - 1 + n_acc])
+    seq = seq.at[0, n : n + n_acc + 1].set(jnp.concatenate([drafted.tokens[0, :n_acc], nxt[None]]))
+    m = jnp.asarray([n_acc + 1], jnp.int32)
+    step = StepResult(seq_len, jnp.asarray([n_acc]), m, out.hidden[:, n - 1 : n + k], layers)
+    seq_len = seq_len + m
+    state = run.commit(dparams, drafted.state, seq, seq_len, step)
+    after_idle = run.commit(dparams, idle, seq, seq_len, step)
+    a = run.propose(dparams, state, seq, seq_len, key)
+    b = run.propose(dparams, after_idle, seq, seq_len, key)
+    np.testing.assert_array_equal(np.asarray(a.tokens), np.asarray(b.tokens), err_msg=str(n_acc))
+    np.testing.assert_allclose(np.asarray(a.logq), np.asarray(b.logq), atol=2e-5, rtol=1e-5)
 
 
 KINDS = [("eagle3", 3), ("medusa", 2), ("draft_lm", 4)]

@@ -204,7 +204,14 @@ class DraftsFromOutputs(Protocol):
 
 
 class DrafterDefaults:
-  """The adaptive-loop hooks' defaults for a chain drafter (inherit, override what differs)."""
+  """The adaptive-loop hooks' defaults for a chain drafter (inherit, override what differs), and
+  `sit_out`'s."""
+
+  def sit_out(self, params, state, seq, seq_len, key, sampling):
+    """The state for `commit` after a step whose draft another drafter made
+    (`specjax.drafters.lookup_first`): a whole proposal's, discarded. A drafter with a cheaper way
+    to stay current (EAGLE: one head pass over its pending window) overrides it."""
+    return self.propose(params, state, seq, seq_len, key, sampling).state
 
   def catch_up(self, params, state, seq, seq_len, width: int):
     """Nothing to catch up."""

@@ -205,14 +205,23 @@ class EagleDrafter(DrafterDefaults):
       return EagleState(state.cache, jnp.where(put, g, state.pending), state.n_pending + m)
 
     def feed(state):
-      tokens = read_rows(seq, state.cache.lengths + 1, width)
-      x = layer_inputs(params, tokens, state.pending)
-      _, cache = cached_layer(params, x, state.cache, self.cfg)
-      state = EagleState(cache, state.pending, state.n_pending)
-      return self.commit(params, state, new_seq, new_seq_len, step)
+      return self.commit(params, self.feed(params, state, seq), new_seq, new_seq_len, step)
 
     full = jnp.any(state.n_pending + m > width)
     return run_one_of(full.astype(jnp.int32), (defer, feed), state)
+
+  def feed(self, params: EagleParams, state: EagleState, seq) -> EagleState:
+    """The pending window fed to the head layer (one pass, nothing drafted): the verified pairs
+    land in slots c .. c + m - 1, as a proposal leaves them; `commit` then rolls the length back
+    to the verified ones."""
+    tokens = read_rows(seq, state.cache.lengths + 1, state.pending.shape[1])
+    x = layer_inputs(params, tokens, state.pending)
+    _, cache = cached_layer(params, x, state.cache, self.cfg)
+    return EagleState(cache, state.pending, state.n_pending)
+
+  def sit_out(self, params: EagleParams, state: EagleState, seq, seq_len, key, sampling):
+    del seq_len, key, sampling
+    return self.feed(params, state, seq)
 
   def commit(self, params: EagleParams, state: EagleState, seq, seq_len, step: StepResult):
     g = feature(params, step.hidden, step.layer_hidden)  # [B, K + 1, D]

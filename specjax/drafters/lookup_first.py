@@ -8,9 +8,11 @@ prose has no match to copy. Each step, per row, the draft is the continuation of
 earlier match of the row's last n tokens (n from max_ngram down to min_ngram, as
 `PromptLookupDrafter`) when there is one, else the trained drafter's K tokens.
 
-The trained drafter proposes every step, whichever draft is used, so its state is the same as if it
-had drafted alone: a drafter's `commit` reads only the verified tokens and the target's features of
-them, never which tokens were proposed. Both proposals are made from the same context, so the choice
+The trained drafter proposes whenever some row of the batch needs its draft, so its state is the
+same as if it had drafted alone: a drafter's `commit` reads only the verified tokens and the
+target's features of them, never which tokens were proposed. When every row copies (at batch 1,
+every copying step) it only keeps current (`sit_out`: EAGLE feeds its pending window in one head
+pass instead of drafting K tokens; drafters without a cheaper way propose and discard). Both proposals are made from the same context, so the choice
 is a function of the context and each row's draft comes from one well-defined proposal q: a point
 mass for the copied tokens, the drafter's distribution otherwise. The lossless rules stay exact.
 
@@ -25,6 +27,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from specjax.branching import run_one_of
 from specjax.drafters.base import Proposal, StepResult
 from specjax.drafters.prompt_lookup import PromptLookupDrafter
 from specjax.sampling import SamplingConfig
@@ -74,8 +77,23 @@ class LookupFirstDrafter:
 
   def propose(self, params, state, seq, seq_len, key, sampling: SamplingConfig) -> Proposal:
     copied = self.lookup().propose((), (), seq, seq_len, key, sampling)
-    drafted = self.trained().propose(params, state, seq, seq_len, key, sampling)
     use = copied.n_drafted > 0  # [B]: a match of at least min_ngram tokens
+    model = self.trained()
+
+    def draft(p: Proposal) -> Proposal:
+      return model.propose(params, p.state, seq, seq_len, key, sampling)
+
+    def sit_out(p: Proposal) -> Proposal:  # every row copies: the model only keeps current
+      return dataclasses.replace(
+        p, state=model.sit_out(params, p.state, seq, seq_len, key, sampling)
+      )
+
+    shape = jax.eval_shape(lambda: model.propose(params, state, seq, seq_len, key, sampling))
+    blank = jax.tree.map(
+      lambda a: jnp.zeros(a.shape, a.dtype), dataclasses.replace(shape, state=())
+    )
+    start = dataclasses.replace(blank, state=state)
+    drafted = run_one_of(jnp.all(use).astype(jnp.int32), (draft, sit_out), start)
     tokens = jnp.where(use[:, None], copied.tokens, drafted.tokens)
     n_drafted = jnp.where(use, copied.n_drafted, drafted.n_drafted)
     logq = drafted.logq

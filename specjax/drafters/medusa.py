@@ -117,6 +117,11 @@ class MedusaDrafter(DrafterDefaults):
     logq = None if sampling.greedy else scatter_logq(logq_d, params.d2t, self.vocab_size)
     return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), state)
 
+  def sit_out(self, params, state: MedusaState, seq, seq_len, key, sampling) -> MedusaState:
+    """Proposing leaves the state as it is, so sitting out costs nothing."""
+    del params, seq, seq_len, key, sampling
+    return state
+
   def commit(self, params, state: MedusaState, seq, seq_len, step: StepResult) -> MedusaState:
     B = step.hidden.shape[0]
     idx = jnp.maximum(step.n_committed - 1, 0)

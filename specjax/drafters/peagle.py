@@ -132,6 +132,9 @@ class PEagleDrafter(BlockProposals, DrafterDefaults):
       params.eagle, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
     )
 
+  def sit_out(self, params: PEagleParams, state: EagleState, seq, seq_len, key, sampling):
+    return self.eagle.sit_out(params.eagle, state, seq, seq_len, key, sampling)
+
   def commit(self, params: PEagleParams, state: EagleState, seq, seq_len, step: StepResult):
     return self.eagle.commit(params.eagle, state, seq, seq_len, step)
 
