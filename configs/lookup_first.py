@@ -3,8 +3,8 @@
 Each step, per row, prompt lookup's continuation where the row's last 2-3 tokens occurred before
 in its prompt or output, the shipped drafter's chain elsewhere (`specjax.drafters.lookup_first`).
 `eagle3` (default) uses the shipped `eagle3-smollm2-135m` head, `medusa4` the Medusa heads,
-`draft_lm2` the 2-layer draft LM. K = 2: the draft length at which both prompt lookup and the
-EAGLE-3 head were fastest on this CPU (benchmarks/RESULTS.md).
+`draft_lm2` the 2-layer draft LM. K = 3: with EAGLE-3 behind it, 1.30x AR on Spec-Bench against
+1.26x at K = 2 in the same run (eleventh session, benchmarks/RESULTS.md; within this host's noise).
 
 Commands (from the repository root):
 
@@ -19,6 +19,7 @@ Commands (from the repository root):
 
 import ml_collections
 
+from specjax.experiment import registry
 from specjax.experiment.settings import apply_variant, base_config, split_arg
 
 SHIPPED = {
@@ -31,9 +32,6 @@ SHIPPED = {
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   model, variant = split_arg(arg, tuple(SHIPPED))
   config = base_config()
-  config.method = "lookup_first"
+  registry.get("lookup_first").by_name(config, False)  # K = 3, 2-3-token matches, EAGLE-3
   config.drafter.shipped = SHIPPED[model]
-  config.drafter.k = 2
-  config.drafter.max_ngram = 3
-  config.drafter.min_ngram = 2
   return apply_variant(config, variant)

@@ -7,7 +7,9 @@ texts and per-row metrics out.
     for c in lm.generate(["Why is the sky blue?", "Write a haiku about rain."]):
         print(c.text, c.metrics["tau"])
 
-`method` is "ar", "prompt_lookup", "suffix", or the name of any shipped drafter
+`method` is "ar", "prompt_lookup", "suffix", "smc", "lookup_first" (prompt lookup first, the
+shipped EAGLE-3 head otherwise; another behind it by `config={"drafter.shipped": ...}`), or the
+name of any shipped drafter
 (`specjax.drafters.shipped.list_shipped()`); `tree=True` drafts with that drafter's tree form
 (EAGLE-2's dynamic tree for an EAGLE head, a static Medusa-style tree for Medusa heads and the
 parallel drafters). Everything else an experiment config can set is reachable through `config`
@@ -35,7 +37,8 @@ from specjax.metrics import summarize
 
 def untrained() -> tuple[str, ...]:
   """The methods `SpeculativeLM` takes by name besides shipped drafters: those whose registry
-  entry has `by_name` (ar, prompt_lookup, smc, suffix), which need no weights named."""
+  entry has `by_name` (ar, prompt_lookup, smc, suffix, lookup_first), which need no weights
+  named."""
   return tuple(n for n in registry.names() if registry.get(n).by_name is not None)
 
 
@@ -107,8 +110,10 @@ class SpeculativeLM:
     model: registry name, Hugging Face directory or .gguf file of the target, or a loaded
       `Target` (`specjax.experiment.methods.load_target`) to share one between methods.
     method: "ar", "prompt_lookup", "suffix", "smc" (SMC-SD; temperature > 0, draft model and
-      particles from config, e.g. {"smc.n_particles": 8}) or a shipped drafter's name.
-    k: draft length (block size for a parallel drafter); default the settings' (4).
+      particles from config, e.g. {"smc.n_particles": 8}), "lookup_first" (prompt lookup, the
+      shipped EAGLE-3 head otherwise) or a shipped drafter's name.
+    k: draft length (block size for a parallel drafter); default the settings' (4; 3 for
+      "lookup_first").
     tree: draft a token tree (the drafter's tree form) instead of a chain.
     temperature: 0 for greedy; > 0 samples (lossless rules keep the target's distribution).
     max_new_tokens: tokens generated per row at most.

@@ -20,7 +20,12 @@ def test_methods_by_name_equal_ar_row_by_row(target):
   ar = SpeculativeLM(target, "ar", max_new_tokens=24).generate(QUESTIONS)
   assert [c.metrics.keys() for c in ar] == [{"target_passes"}] * 3
   assert all(c.text and c.tokens for c in ar)
-  cases = [("prompt_lookup", False), ("eagle3-smollm2-135m", False), ("eagle3-smollm2-135m", True)]
+  cases = [
+    ("prompt_lookup", False),
+    ("eagle3-smollm2-135m", False),
+    ("eagle3-smollm2-135m", True),
+    ("lookup_first", False),
+  ]
   for method, tree in cases:
     lm = SpeculativeLM(target, method, k=3, tree=tree, max_new_tokens=24)
     assert lm.method.loop == ("tree" if tree else "chain")

@@ -12,9 +12,11 @@ The trained drafter proposes whenever some row of the batch needs its draft, so 
 same as if it had drafted alone: a drafter's `commit` reads only the verified tokens and the
 target's features of them, never which tokens were proposed. When every row copies (at batch 1,
 every copying step) it only keeps current (`sit_out`: EAGLE feeds its pending window in one head
-pass instead of drafting K tokens; drafters without a cheaper way propose and discard). Both proposals are made from the same context, so the choice
-is a function of the context and each row's draft comes from one well-defined proposal q: a point
-mass for the copied tokens, the drafter's distribution otherwise. The lossless rules stay exact.
+pass instead of drafting K tokens; drafters without a cheaper way propose and discard).
+
+Which draft a row gets is a function of its context alone, so each row's draft comes from one
+well-defined proposal q: a point mass for copied tokens, the drafter's distribution otherwise. The
+lossless rules stay exact.
 
 Params are the trained drafter's; prompt lookup has none.
 """

@@ -303,12 +303,22 @@ def _lookup_first_describe(settings: ExperimentSettings) -> str:
   return f", prompt lookup ({d.min_ngram}-{d.max_ngram}-grams) first" + clause
 
 
+def _lookup_first_defaults(config, tree: bool) -> None:
+  """Lookup first's defaults (`configs/lookup_first.py` starts from them too): the shipped EAGLE-3
+  head behind prompt lookup, matches of 2-3 tokens, K = 3."""
+  config.method = "lookup_first"
+  _chain_only(config, tree)
+  config.drafter.shipped, config.drafter.k = "eagle3-smollm2-135m", 3
+  config.drafter.max_ngram, config.drafter.min_ngram = 3, 2
+
+
 register(
   MethodKind(
     "lookup_first",
     _lookup_first,
     label=_lookup_first_label,
     describe=_lookup_first_describe,
+    by_name=_lookup_first_defaults,
   )
 )
 
