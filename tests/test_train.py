@@ -239,9 +239,35 @@ KINDS = {
   "medusa": ("train_medusa", {}),
   "eagle1": ("train_eagle", {}),
   "eagle3": ("train_eagle3", {"steps": 2}),
-  "pard": ("train_pard", {}),  # extends tiny-draft_lm, shipped by the draft_lm case
-  "peagle": ("train_peagle", {}),  # extends tiny-eagle3, shipped by the eagle3 case
+  "pard": ("train_pard", {}),
+  "peagle": ("train_peagle", {}),
 }
+BASES = {"pard": "draft_lm", "peagle": "eagle3"}  # the parallel kinds extend a shipped drafter
+
+
+@pytest.fixture(scope="module")
+def ship(tiny):
+  """ship(kind) trains tiny-<kind> for 40 steps and ships it, once per module and worker (a
+  parallel kind ships the drafter it extends first); returns (config, workdir, heldout, meta). The
+  tests that need a shipped drafter call it, so none depends on which tests ran before it."""
+  root, done = tiny[0], {}
+
+  def run(kind: str):
+    if kind not in done:
+      base = BASES.get(kind)
+      if base:
+        run(base)
+      name, objective = KINDS[kind]
+      config = tiny_config(name, root, **objective)
+      # the parallel drafters train only their mask path over a frozen drafter: a higher rate
+      config.train.update({"steps": 40, "lr": 1e-2 if base else 2e-3, "save_every": 1000})
+      config.ship.name = f"tiny-{kind}"
+      workdir = str(root / f"work_{kind}")
+      _, _, _, heldout, meta = pipeline.run(config, workdir, lambda _: None)
+      done[kind] = (config, workdir, heldout, meta)
+    return done[kind]
+
+  return run
 
 
 @pytest.fixture(scope="module")
@@ -256,19 +282,9 @@ def heldout_ar(tiny):
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, kind):
-  root, params, cfg, store = tiny[:4]
-  name, objective = KINDS[kind]
-  base = {"peagle": "tiny-eagle3", "pard": "tiny-draft_lm"}.get(kind)
-  if base and not (root / "shipped" / f"{base}.json").exists():
-    pytest.skip(f"needs {base}, shipped by this test's case of its kind (run the whole test)")
-  config = tiny_config(name, root, **objective)
-  # the parallel drafters train only their mask path over a frozen drafter: a higher rate
-  lr = 1e-2 if base else 2e-3
-  config.train.update({"steps": 40, "lr": lr, "save_every": 1000})
-  config.ship.name = f"tiny-{kind}"
-  workdir = str(root / f"work_{kind}")
-  _, _, _, heldout, meta = pipeline.run(config, workdir, lambda _: None)
+def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, ship, kind):
+  _, params, cfg = tiny[:3]
+  config, workdir, heldout, meta = ship(kind)
   kl = {}  # the KL part of the loss (the loss itself includes the target's entropy)
   for r in read_metrics(os.path.join(workdir, "metrics.jsonl")):
     if "loss" in r:
@@ -286,11 +302,10 @@ def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, kind):
   assert summarize(out.metrics)["drafted"] > 0
 
 
-def test_an_eagle_head_continues_from_a_shipped_one(tiny, tmp_path):
+def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   """objective.init_from starts from a shipped head's weights and keeps its draft vocabulary."""
   root, params, cfg = tiny[:3]
-  if not (root / "shipped" / "tiny-eagle3.json").exists():
-    pytest.skip("needs tiny-eagle3, shipped by test_each_kind_learns_ships_and_decodes_exactly")
+  ship("eagle3")
   shipped = load_shipped("tiny-eagle3", params, cfg, str(root / "shipped"))
   config = tiny_config("train_eagle3", root, steps=2, init_from="tiny-eagle3")
   config.data.draft_vocab = 40  # the data would choose another vocabulary; the head's wins
@@ -323,11 +338,10 @@ def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_
   assert not (tmp_path / "work").exists()
 
 
-def test_shipped_loader_verifies_checksum_target_and_shapes(tiny):
+def test_shipped_loader_verifies_checksum_target_and_shapes(tiny, ship):
   root, params, cfg = tiny[:3]
   directory = root / "shipped"
-  if not (directory / "tiny-medusa.json").exists():
-    pytest.skip("needs the shipped tiny Medusa heads of the test above")
+  ship("medusa")
   load_shipped("tiny-medusa", params, cfg, str(directory))
   with pytest.raises(ShippedDrafterError, match="no shipped drafter"):
     load_shipped("nope", params, cfg, str(directory))
