@@ -5,6 +5,9 @@ in its prompt or output, the shipped drafter's chain elsewhere (`specjax.drafter
 `eagle3` (default) uses the shipped `eagle3-smollm2-135m` head, `medusa4` the Medusa heads,
 `draft_lm2` the 2-layer draft LM. K = 3: with EAGLE-3 behind it, 1.30x AR on Spec-Bench against
 1.26x at K = 2 in the same run (eleventh session, benchmarks/RESULTS.md; within this host's noise).
+`--config.drafter.copier=suffix` copies with suffix decoding's chain instead of prompt lookup
+(config.suffix's matching, min_ngram its shortest match), which also drafts from a global cache of
+the AR outputs of the prompts run before in the same run.
 
 Commands (from the repository root):
 

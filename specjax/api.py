@@ -8,7 +8,8 @@ texts and per-row metrics out.
         print(c.text, c.metrics["tau"])
 
 `method` is "ar", "prompt_lookup", "suffix", "smc", "lookup_first" (prompt lookup first, the
-shipped EAGLE-3 head otherwise; another behind it by `config={"drafter.shipped": ...}`), or the
+shipped EAGLE-3 head otherwise; another behind it by `config={"drafter.shipped": ...}`, suffix
+decoding's chain as the copier by `config={"drafter.copier": "suffix"}`), or the
 name of any shipped drafter
 (`specjax.drafters.shipped.list_shipped()`); `tree=True` drafts with that drafter's tree form
 (EAGLE-2's dynamic tree for an EAGLE head, a static Medusa-style tree for Medusa heads and the

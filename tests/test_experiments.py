@@ -301,15 +301,26 @@ def test_ar_only_and_draft_model_methods(target, spec_bench, tmp_path):
   assert recs[0]["methods"]["draft_model_l1_k3"]["same_as_ar"]
 
 
-def test_lookup_first_method(target, spec_bench, tmp_path):
-  """Prompt lookup first, the draft model elsewhere, through the harness: identical to AR."""
-  prompts = tasks.load_spec_bench(spec_bench, ("summarization",), 1)  # copies from its article
-  s = small_settings(method="lookup_first", **{"drafter.n_layers": 1, "drafter.min_ngram": 2})
+@pytest.mark.parametrize("copier", ["prompt_lookup", "suffix"])
+def test_lookup_first_method(target, spec_bench, tmp_path, copier):
+  """A copier first (prompt lookup; suffix decoding's chain, whose cache the runner refills from
+  the first prompt's output before the second), the draft model elsewhere, through the harness:
+  identical to AR."""
+  categories = ("summarization",) if copier == "prompt_lookup" else ("summarization", "qa")
+  prompts = tasks.load_spec_bench(spec_bench, categories, 1)  # summarization copies its article
+  over = {"drafter.n_layers": 1, "drafter.min_ngram": 2, "drafter.copier": copier}
+  s = small_settings(method="lookup_first", **over)
   method = build_method(s, target)
-  assert method.name == "lookup_first_draft_model_l1_k3"
+  name = {"prompt_lookup": "lookup", "suffix": "suffix"}[copier]
+  assert method.name == f"{name}_first_draft_model_l1_k3"
   assert (method.drafter.k, method.drafter.model.k, method.drafter.min_ngram) == (3, 3, 2)
-  rec = runner_lib.run_suite(make_runner(target, s), prompts, str(tmp_path), {})[0]
-  assert rec["methods"][method.name]["same_as_ar"]
+  if copier == "suffix":
+    assert method.drafter.suffix.min_match == 2 and method.drafter.suffix.k == 3
+  recs = runner_lib.run_suite(make_runner(target, s), prompts, str(tmp_path), {})
+  assert len(recs) == len(categories)
+  assert all(r["methods"][method.name]["same_as_ar"] for r in recs)
+  with pytest.raises(ValueError, match="drafter.copier"):
+    build_method(small_settings(method="lookup_first", **{"drafter.copier": "ngram"}), target)
 
 
 def test_tree_method_is_lossless(target, spec_bench, tmp_path, kind="static"):

@@ -1,10 +1,13 @@
-"""Lookup first, a trained drafter otherwise (`specjax.drafters.lookup_first`).
+"""Copy first, a trained drafter otherwise (`specjax.drafters.lookup_first`).
 
-(a) Each row's draft is prompt lookup's continuation where its last tokens occurred before and the
+(a) Each row's draft is the copier's (prompt lookup's continuation, or suffix decoding's chain over
+the row and a global cache of earlier outputs) where its last tokens occurred before and the
 trained drafter's chain elsewhere, with q a point mass on copied tokens; (b) greedy decoding is
-token-identical to AR at batch 1 and on a ragged batch, fixed and adaptive K; (c) at temperature >
-0 speculative sampling reproduces the target's distribution, and a version that reports the
-trained drafter's q for copied tokens fails the same test (negative control).
+token-identical to AR at batch 1 and on a ragged batch, fixed and adaptive K, with either copier;
+(c) at temperature > 0 speculative sampling reproduces the target's distribution with either
+copier, and a version that reports the trained drafter's q for copied tokens fails the same test
+(negative control); (d) rebuilding the copier's cache from outputs leaves the trained drafter's
+parameters alone.
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ from toy_models import exact_continuation_probs, tiny_config
 
 from specjax import adaptive as adp
 from specjax.drafters import StepResult
-from specjax.drafters.lookup_first import LookupFirstDrafter
+from specjax.drafters.lookup_first import CopyFirstParams, LookupFirstDrafter
+from specjax.drafters.suffix import SEP, SuffixDrafter
 from specjax.metrics import summarize
 from specjax.model import init_params
 from specjax.sampling import SamplingConfig
@@ -44,26 +48,30 @@ def test_invalid_settings(target):  # noqa: F811
     LookupFirstDrafter(model, k=0)
   with pytest.raises(TypeError, match="chain drafter"):
     LookupFirstDrafter(object())
+  with pytest.raises(TypeError, match="SuffixDrafter"):
+    LookupFirstDrafter(model, suffix=object())
+
+
+def _first_proposal(model, drafter, dparams, rows):
+  """`drafter`'s proposal for rows of 7 tokens, after a prefill of their first 6 by the target
+  `model` (params, cfg)."""
+  tparams, cfg = model
+  prompts = jnp.asarray([r[:-1] for r in rows], jnp.int32)
+  lens = jnp.full((len(rows),), 6, jnp.int32)
+  capacity, key = 32, jax.random.PRNGKey(0)
+  seq = jnp.zeros((len(rows), capacity), jnp.int32).at[:, :7].set(jnp.asarray(rows))
+  run = _Protocol(drafter, tparams, cfg, width=6, capacity=capacity)
+  _, state = run.init(dparams, tparams, prompts, lens)
+  return run.propose(dparams, state, seq, jnp.full((len(rows),), 7, jnp.int32), key)
 
 
 def test_copies_where_the_row_matches_and_drafts_elsewhere(target):  # noqa: F811
   """Row 0 ends with "5 6", which occurred before ("7 8 9" follows it); row 1 repeats no pair."""
-  tparams, cfg = target
-  model, dparams = make_drafter("eagle3", tparams, cfg, 3, np.arange(64), seed=2)
+  model, dparams = make_drafter("eagle3", *target, 3, np.arange(64), seed=2)
   drafter = LookupFirstDrafter(model, k=3, max_ngram=3, min_ngram=2)
   rows = [[5, 6, 7, 8, 9, 5, 6], [1, 2, 3, 4, 10, 11, 12]]
-  prompts = jnp.asarray([r[:-1] for r in rows], jnp.int32)
-  lens = jnp.full((2,), 6, jnp.int32)
-  capacity, key = 32, jax.random.PRNGKey(0)
-  seq = jnp.zeros((2, capacity), jnp.int32).at[:, :7].set(jnp.asarray(rows))
-  seq_len = jnp.full((2,), 7, jnp.int32)
-
-  def propose(d):
-    run = _Protocol(d, tparams, cfg, width=6, capacity=capacity)
-    _, state = run.init(dparams, tparams, prompts, lens)
-    return run.propose(dparams, state, seq, seq_len, key)
-
-  both, alone = propose(drafter), propose(model)
+  both = _first_proposal(target, drafter, drafter.params(dparams), rows)
+  alone = _first_proposal(target, model, dparams, rows)
   np.testing.assert_array_equal(np.asarray(both.tokens[0]), [7, 8, 9])
   np.testing.assert_array_equal(np.asarray(both.tokens[1]), np.asarray(alone.tokens[1]))
   np.testing.assert_array_equal(np.asarray(both.n_drafted), [3, 3])
@@ -72,6 +80,31 @@ def test_copies_where_the_row_matches_and_drafts_elsewhere(target):  # noqa: F81
   np.testing.assert_allclose(q[1], np.exp(np.asarray(alone.logq[1])), rtol=1e-6)
   # The trained drafter's state moves as if it had drafted alone.
   jax.tree.map(np.testing.assert_array_equal, both.state, alone.state)
+
+
+def test_suffix_copier_copies_from_earlier_outputs(target):  # noqa: F811
+  """Neither row repeats a pair of its own; row 0's last pair "5 6" is in an earlier output
+  ("5 6 7 8 9"), so suffix decoding copies "7 8 9" there, and prompt lookup would not."""
+  model, dparams = make_drafter("eagle3", *target, 3, np.arange(64), seed=2)
+  suffix = SuffixDrafter(k=3, spec_factor=2.0, min_prob=0.0, global_size=16, min_match=2)
+  rows = [[1, 2, 3, 4, 10, 5, 6], [1, 2, 3, 4, 10, 11, 12]]
+  first = LookupFirstDrafter(model, k=3, suffix=suffix)
+  params = first.params(dparams, [[5, 6, 7, 8, 9]])
+  both = _first_proposal(target, first, params, rows)
+  alone = _first_proposal(target, model, dparams, rows)
+  np.testing.assert_array_equal(np.asarray(both.tokens[0]), [7, 8, 9])
+  np.testing.assert_array_equal(np.asarray(both.tokens[1]), np.asarray(alone.tokens[1]))
+  q = np.exp(np.asarray(both.logq))
+  np.testing.assert_array_equal(q[0], np.asarray(jax.nn.one_hot(jnp.asarray([7, 8, 9]), 64)))
+  lookup = LookupFirstDrafter(model, k=3)
+  by_lookup = _first_proposal(target, lookup, lookup.params(dparams), rows)
+  # prompt lookup has no match in the rows: the model drafts both
+  np.testing.assert_array_equal(np.asarray(by_lookup.tokens), np.asarray(alone.tokens))
+  # The runner's refill (`with_outputs`) rebuilds the cache and keeps the model's parameters.
+  later = first.with_outputs(params, [[1, 2], [3, 4, 5]])
+  assert isinstance(later, CopyFirstParams) and later.model is params.model
+  np.testing.assert_array_equal(later.copier.tokens[-7:], [1, 2, SEP, 3, 4, 5, SEP])
+  assert lookup.with_outputs(lookup.params(dparams), [[1, 2]]).copier == ()
 
 
 @pytest.mark.parametrize("kind", ["eagle1", "eagle3", "peagle", "medusa", "draft_lm"])
@@ -117,6 +150,7 @@ def test_greedy_identical_to_ar(target, ar_reference, kind, k):  # noqa: F811
   P, L, gen, ar = ar_reference
   model, dparams = make_drafter(kind, params, cfg, k, np.arange(64))
   drafter = LookupFirstDrafter(model, k=k, min_ngram=1)  # 1: copies often on these short rows
+  dparams = drafter.params(dparams)
   out = speculative_generate(params, cfg, drafter, dparams, P, L, gen)  # ragged batch of 4
   np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
   np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
@@ -128,6 +162,28 @@ def test_greedy_identical_to_ar(target, ar_reference, kind, k):  # noqa: F811
     np.testing.assert_array_equal(np.asarray(one.tokens[0, :n]), np.asarray(ar.tokens[b, :n]))
 
 
+def test_suffix_first_greedy_identical_to_ar(target, ar_reference):  # noqa: F811
+  """Suffix decoding's chain first, with a global cache of the batch's own AR outputs (so most
+  steps copy), EAGLE-3 otherwise: identical to AR on the ragged batch and at batch 1."""
+  params, cfg = target
+  P, L, gen, ar = ar_reference
+  model, dparams = make_drafter("eagle3", params, cfg, 3, np.arange(64))
+  suffix = SuffixDrafter(k=3, global_size=256, min_match=2)
+  drafter = LookupFirstDrafter(model, k=3, suffix=suffix)
+  outputs = [np.asarray(t[:n]).tolist() for t, n in zip(ar.tokens, ar.lengths)]
+  for cache in ([], outputs):
+    dp = drafter.params(dparams, cache)
+    out = speculative_generate(params, cfg, drafter, dp, P, L, gen)
+    np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ar.lengths))
+    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+    if cache:  # the answers are in the cache: long copies are accepted
+      assert summarize(out.metrics)["tau"] > 2.0, summarize(out.metrics)
+  for b in (1, 3):  # batch 1
+    one = speculative_generate(params, cfg, drafter, dp, P[b : b + 1], L[b : b + 1], gen)
+    n = int(ar.lengths[b])
+    np.testing.assert_array_equal(np.asarray(one.tokens[0, :n]), np.asarray(ar.tokens[b, :n]))
+
+
 def test_adaptive_greedy_identical_to_ar(target, ar_reference):  # noqa: F811
   """In adaptive mode under a cost table that makes drafting pay only when drafts are accepted
   often: identical to AR, with AR steps and drafting steps both taken."""
@@ -136,6 +192,7 @@ def test_adaptive_greedy_identical_to_ar(target, ar_reference):  # noqa: F811
   ks = (0, 2, 3)
   model, dparams = make_drafter("eagle3", params, cfg, 3, np.arange(64))
   drafter = LookupFirstDrafter(model, k=max(ks), min_ngram=1)
+  dparams = drafter.params(dparams)
   costs = adp.CostTable(ks, (1.0, 1.3, 1.4), (0.0, 0.0, 0.0))
   out = speculative_generate(
     params, cfg, drafter, dparams, P, L, gen, adaptive=adp.AdaptiveConfig(ks, decay=0.8),
@@ -155,7 +212,7 @@ class MisreportingLookupFirst(LookupFirstDrafter):
 
   def propose(self, params, state, seq, seq_len, key, sampling):
     prop = super().propose(params, state, seq, seq_len, key, sampling)
-    drafted = self.trained().propose(params, state, seq, seq_len, key, sampling)
+    drafted = self.trained().propose(params.model, state, seq, seq_len, key, sampling)
     return dataclasses.replace(prop, logq=drafted.logq)
 
 
@@ -164,18 +221,22 @@ def _small_target():
   return init_params(jax.random.PRNGKey(10), cfg, scale=0.3), cfg
 
 
+@pytest.mark.parametrize("copier", ["prompt_lookup", "suffix"])
 @pytest.mark.parametrize("wrong", [False, True], ids=["lossless", "negative_control"])
-def test_sampling_matches_target_distribution(wrong):
+def test_sampling_matches_target_distribution(wrong, copier):
   """Prompt [1, 2, 4, 1, 2] ends with a pair seen before, so the first step copies "4 1"; later
-  steps copy or draft by what was sampled. The emitted 3-token sequences must follow the target's
-  exact distribution; reporting the model's q for copies must be caught."""
+  steps copy or draft by what was sampled (the suffix copier also from an earlier output). The
+  emitted 3-token sequences must follow the target's exact distribution; reporting the model's q
+  for copies must be caught."""
   tparams, cfg = _small_target()
   sampling = SamplingConfig(temperature=1.0)
   prompt = [1, 2, 4, 1, 2]
   probs = exact_continuation_probs(tparams, cfg, prompt, 3, sampling)
   model, dparams = make_drafter("eagle3", tparams, cfg, 2, [0, 2, 3, 5], scale=0.5)
   cls = MisreportingLookupFirst if wrong else LookupFirstDrafter
-  drafter = cls(model, k=2, max_ngram=2, min_ngram=2)
+  suffix = SuffixDrafter(k=2, global_size=32, min_match=2) if copier == "suffix" else None
+  drafter = cls(model, k=2, max_ngram=2, min_ngram=2, suffix=suffix)
+  dparams = drafter.params(dparams, [[4, 2, 5, 1, 4, 5, 3]])  # ignored by prompt lookup
   tokens, s = _sample(tparams, cfg, drafter, dparams, prompt, sampling)
   if wrong:
     assert _gof(tokens, probs) < 1e-8

@@ -95,6 +95,19 @@ def test_chain_is_the_most_frequent_path():
   assert int(n) == 2  # floor(1 * M) with M = 2
 
 
+def test_min_match_drafts_nothing_below_it():
+  """ROW's matched suffix is "1 2" (M = 2): min_match 2 drafts, 3 does not, in both forms; and
+  min_match is checked against max_match."""
+  for m, drafted in ((2, True), (3, False)):
+    chain = SuffixDrafter(k=4, spec_factor=3.0, min_prob=0.0, min_match=m)
+    tree = SuffixTreeDrafter(n_nodes=8, max_depth=4, spec_factor=3.0, min_prob=0.0, min_match=m)
+    assert (int(_draft(chain, (), ROW)[2]) > 0) == drafted, m
+    t = _draft(tree, (), ROW)
+    assert (int(t.n_drafted) > 0) == drafted and int(t.match_len) == 2, m
+  with pytest.raises(ValueError, match="min_match"):
+    SuffixDrafter(k=4, max_match=4, min_match=5)
+
+
 def test_global_cache_layout_and_contribution():
   cache = suffix_cache_from_outputs([[2, 3, 7, 5], [1, 2, 6]], 12)
   np.testing.assert_array_equal(cache.tokens, [SEP] * 3 + [2, 3, 7, 5, SEP, 1, 2, 6, SEP])
@@ -400,7 +413,7 @@ def test_config_builds_the_method(arg, form, loop):
   later = with_history(method, [[5, 6, 7], [8, 9]])
   np.testing.assert_array_equal(later.draft_params.tokens[-7:], [5, 6, 7, SEP, 8, 9, SEP])
   assert later.draft_params.size == G and later.drafter is method.drafter
-  other = Method("x", object(), ())  # a drafter without `cache_from_outputs` is left alone
+  other = Method("x", object(), ())  # a drafter without `with_outputs` is left alone
   assert with_history(other, [[1]]) is other
 
 

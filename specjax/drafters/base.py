@@ -197,10 +197,12 @@ class TreeDrafter(_DrafterCalls, Protocol):
 
 @runtime_checkable
 class DraftsFromOutputs(Protocol):
-  """A drafter whose parameters can be built from earlier outputs (suffix decoding's global cache):
-  the experiment runner rebuilds them before each prompt."""
+  """A drafter whose parameters draw on earlier outputs (suffix decoding's global cache): the
+  experiment runner rebuilds them before each prompt from the method's own parameters."""
 
-  def cache_from_outputs(self, outputs: Sequence[Sequence[int]]) -> Any: ...
+  def with_outputs(self, params: Any, outputs: Sequence[Sequence[int]]) -> Any:
+    """`params` with what draws on earlier outputs rebuilt from `outputs` (same shapes)."""
+    ...
 
 
 class DrafterDefaults:

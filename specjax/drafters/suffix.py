@@ -20,7 +20,8 @@ Drafting one row (all static shapes; L = seq_len, the root is the last token seq
      its score is count(p) / n, the fraction of the n occurrences whose continuation starts with p.
      Nodes with score >= `min_prob` are kept, best first by (count desc, depth asc); a parent's count
      is >= its children's, so every prefix of that order is closed under ancestors. The tree size
-     adapts to the match: at most min(N - 1, floor(spec_factor * M)) drafted nodes.
+     adapts to the match: at most min(N - 1, floor(spec_factor * M)) drafted nodes, and none when
+     M < `min_match`.
   4. The chain form drafts the single most frequent path instead: at each depth the most frequent
      next token among the occurrences that agree with the path so far (score as above), up to K
      tokens under the same threshold and size rule.
@@ -199,9 +200,13 @@ def row_context(row: jax.Array, length: jax.Array, max_match: int):
   return row[jnp.clip(length - 1 - i, 0, row.shape[0] - 1)].astype(jnp.int32)
 
 
-def size_budget(match_len: jax.Array, spec_factor: float, cap: int) -> jax.Array:
-  """Drafted tokens allowed for a match of length M: min(cap, floor(spec_factor * M))."""
-  return jnp.minimum(cap, jnp.floor(spec_factor * match_len + 1e-6).astype(jnp.int32))
+def size_budget(
+  match_len: jax.Array, spec_factor: float, cap: int, min_match: int = 1
+) -> jax.Array:
+  """Drafted tokens allowed for a match of length M: min(cap, floor(spec_factor * M)), and none for
+  a match shorter than `min_match`."""
+  budget = jnp.minimum(cap, jnp.floor(spec_factor * match_len + 1e-6).astype(jnp.int32))
+  return jnp.where(match_len >= min_match, budget, 0)
 
 
 @jax.tree_util.register_dataclass
@@ -225,7 +230,12 @@ class RowTree:
 
 
 def build_tree(
-  occ: Occurrences, root: jax.Array, n_nodes: int, spec_factor: float, min_prob: float
+  occ: Occurrences,
+  root: jax.Array,
+  n_nodes: int,
+  spec_factor: float,
+  min_prob: float,
+  min_match: int = 1,
 ) -> RowTree:
   """The frequency-scored tree of one row (see the module docstring, steps 3 and 4)."""
   n_occ, D = occ.cont.shape  # O, D
@@ -239,7 +249,7 @@ def build_tree(
   keep = rep.reshape(-1) & (score.reshape(-1) >= min_prob)
   rank = (count.reshape(-1) * (D + 1) + (D - 1 - d_of)) * OD + (OD - 1 - flat)
   top, cand = jax.lax.top_k(jnp.where(keep, rank, -1), min(n_nodes - 1, OD))
-  budget = size_budget(occ.match_len, spec_factor, n_nodes - 1)
+  budget = size_budget(occ.match_len, spec_factor, n_nodes - 1, min_match)
   real = (top >= 0) & (jnp.arange(top.shape[0]) < budget)
   o, d = cand // D, cand % D
   node_of = jnp.zeros((OD,), jnp.int32).at[cand].set(jnp.arange(1, top.shape[0] + 1))
@@ -261,7 +271,7 @@ def build_tree(
   )
 
 
-def build_chain(occ: Occurrences, k: int, spec_factor: float, min_prob: float):
+def build_chain(occ: Occurrences, k: int, spec_factor: float, min_prob: float, min_match: int = 1):
   """The most frequent path of one row: (tokens [k], scores [k], n_drafted)."""
   alive = occ.valid[:, 0]  # the occurrences that agree with the path so far
   toks, scores = [], []
@@ -276,7 +286,7 @@ def build_chain(occ: Occurrences, k: int, spec_factor: float, min_prob: float):
   good = (
     (scores >= min_prob)
     & (scores > 0)
-    & (jnp.arange(k) < size_budget(occ.match_len, spec_factor, k))
+    & (jnp.arange(k) < size_budget(occ.match_len, spec_factor, k, min_match))
   )
   n = jnp.sum(jnp.cumprod(good.astype(jnp.int32))).astype(jnp.int32)
   return jnp.stack(toks).astype(jnp.int32), scores, n
@@ -292,6 +302,7 @@ class _SuffixSettings:
     min_prob: smallest continuation frequency drafted.
     max_occurrences: O, occurrences of the matched suffix scored (the latest ones).
     global_size: G, slots of the global cache `cache_from_outputs` builds (0: none, the row alone).
+    min_match: shortest matched suffix that drafts anything (1: any seen root token).
   """
 
   max_match: int = 16
@@ -299,11 +310,14 @@ class _SuffixSettings:
   min_prob: float = 0.1
   max_occurrences: int = 16
   global_size: int = 4096
+  min_match: int = 1
   hidden_layers: tuple[int, ...] = ()
 
   def _check(self, depth: int) -> None:
     if depth < 1 or self.max_match < 1 or self.max_occurrences < 1 or self.global_size < 0:
       raise ValueError("need draft depth, max_match, max_occurrences >= 1 and global_size >= 0")
+    if not 1 <= self.min_match <= self.max_match:
+      raise ValueError(f"need 1 <= min_match <= max_match, got {self.min_match}, {self.max_match}")
     if self.spec_factor <= 0 or not 0 <= self.min_prob <= 1:
       raise ValueError(f"need spec_factor > 0 and 0 <= min_prob <= 1, got {self}")
 
@@ -312,6 +326,11 @@ class _SuffixSettings:
     if self.global_size == 0:
       return ()
     return suffix_cache_from_outputs(outputs, self.global_size)
+
+  def with_outputs(self, params, outputs: Sequence[Sequence[int]]) -> SuffixCache | tuple:
+    """`DraftsFromOutputs`: the parameters are the global cache alone."""
+    del params
+    return self.cache_from_outputs(outputs)
 
   def capacity_slack(self) -> int:
     return 0
@@ -349,7 +368,7 @@ class SuffixDrafter(_SuffixSettings, DrafterDefaults):
   def draft_chains(self, params, seq, seq_len):
     """([B, k] tokens, [B, k] scores, [B] n_drafted)."""
     occ = self._occurrences(params, seq, seq_len, self.k)
-    fn = lambda o: build_chain(o, self.k, self.spec_factor, self.min_prob)  # noqa: E731
+    fn = lambda o: build_chain(o, self.k, self.spec_factor, self.min_prob, self.min_match)  # noqa: E731
     return jax.vmap(fn)(occ)
 
   def propose(self, params, state, seq, seq_len, key, sampling: SamplingConfig) -> Proposal:
@@ -381,7 +400,9 @@ class SuffixTreeDrafter(_SuffixSettings, TreeDrafterDefaults):
     """The rows' trees [B, N] with scores (what `propose` verifies)."""
     occ = self._occurrences(params, seq, seq_len, self.max_depth)
     root = jnp.take_along_axis(seq, (seq_len - 1)[:, None], 1)[:, 0].astype(jnp.int32)
-    fn = lambda o, r: build_tree(o, r, self.n_nodes, self.spec_factor, self.min_prob)  # noqa: E731
+    fn = lambda o, r: build_tree(  # noqa: E731
+      o, r, self.n_nodes, self.spec_factor, self.min_prob, self.min_match
+    )
     return jax.vmap(fn)(occ, root)
 
   def propose(self, params, state, seq, seq_len, key, sampling: SamplingConfig) -> TreeProposal:

@@ -278,28 +278,42 @@ register(
 )
 
 
+COPIERS = ("prompt_lookup", "suffix")
+
+
 def _lookup_first(settings, target, load_model) -> Method:
-  """Prompt lookup where the row's last tokens occurred before, else a trained chain drafter: the
-  shipped one `drafter.shipped` names, or the draft model `drafter.model` (n_layers as usual)."""
+  """A copier (prompt lookup, or suffix decoding's chain) where the row's last tokens occurred
+  before, else a trained chain drafter: the shipped one `drafter.shipped` names, or the draft
+  model `drafter.model` (n_layers as usual). A suffix copier's global cache starts empty and the
+  runner refills it from earlier outputs before each prompt."""
   d = settings.drafter
+  if d.copier not in COPIERS:
+    raise ValueError(f"config.drafter.copier must be one of {COPIERS}, got {d.copier!r}")
   if d.shipped:
     shipped = load_shipped_drafter(d.shipped, target, d.weights_dtype)
     model, params = shipped.drafter(d.k), shipped.params
   else:
     params, cfg = _draft_model(settings, target, load_model)
     model = DraftModelDrafter(cfg, d.k)
-  drafter = LookupFirstDrafter(model, d.k, d.max_ngram, d.min_ngram)
-  return Method(method_label(settings), drafter, params, make_rule(settings.rule))
+  suffix = None
+  if d.copier == "suffix":
+    suffix = SuffixDrafter(k=d.k, min_match=d.min_ngram, **_suffix_matching(settings))
+  drafter = LookupFirstDrafter(model, d.k, d.max_ngram, d.min_ngram, suffix)
+  return Method(method_label(settings), drafter, drafter.params(params), make_rule(settings.rule))
 
 
 def _lookup_first_label(settings: ExperimentSettings) -> str:
-  model = _head(settings) if settings.drafter.shipped else f"draft_model{_layers(settings)}"
-  return f"lookup_first_{model}_k{settings.drafter.k}"
+  d = settings.drafter
+  model = _head(settings) if d.shipped else f"draft_model{_layers(settings)}"
+  copier = "suffix" if d.copier == "suffix" else "lookup"
+  return f"{copier}_first_{model}_k{d.k}"
 
 
 def _lookup_first_describe(settings: ExperimentSettings) -> str:
   d = settings.drafter
   clause = _shipped_clause(settings) if d.shipped else _draft_clause(settings)
+  if d.copier == "suffix":
+    return f", suffix decoding's chain (matches of >= {d.min_ngram} tokens) first" + clause
   return f", prompt lookup ({d.min_ngram}-{d.max_ngram}-grams) first" + clause
 
 
@@ -400,18 +414,23 @@ register(
 )
 
 
-def _suffix(settings, target, load_model) -> Method:
-  """Suffix decoding; its global cache starts empty and the runner refills it from earlier
-  outputs before each prompt (`SuffixDrafter.cache_from_outputs`)."""
-  u, name = settings.suffix, method_label(settings)
-  common = dict(
+def _suffix_matching(settings: ExperimentSettings) -> dict:
+  """Suffix decoding's matching, scoring and global-cache settings (config.suffix)."""
+  u = settings.suffix
+  return dict(
     max_match=u.max_match,
     spec_factor=u.spec_factor,
     min_prob=u.min_prob,
     max_occurrences=u.max_occurrences,
     global_size=u.global_size,
   )
-  if u.form == "tree":
+
+
+def _suffix(settings, target, load_model) -> Method:
+  """Suffix decoding; its global cache starts empty and the runner refills it from earlier
+  outputs before each prompt (`SuffixDrafter.with_outputs`)."""
+  name, common = method_label(settings), _suffix_matching(settings)
+  if settings.suffix.form == "tree":
     if settings.rule != "auto":
       raise ValueError("suffix trees choose their tree rule; leave config.rule=auto")
     t = settings.tree

@@ -236,7 +236,9 @@ def with_history(method: Method, outputs: Sequence[Sequence[int]]) -> Method:
   (same shapes every time: no recompilation)."""
   if not isinstance(method.drafter, DraftsFromOutputs):
     return method
-  return dataclasses.replace(method, draft_params=method.drafter.cache_from_outputs(outputs))
+  return dataclasses.replace(
+    method, draft_params=method.drafter.with_outputs(method.draft_params, outputs)
+  )
 
 
 def smc_config(s: SMCSettings, gen: GenerateConfig) -> SMCConfig:

@@ -44,6 +44,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.drafter.k = 4  # draft length K
   c.drafter.max_ngram = 3  # prompt lookup: longest suffix matched first
   c.drafter.min_ngram = 1  # prompt lookup: shortest suffix tried
+  # lookup_first: what copies ("prompt_lookup", or "suffix": suffix decoding's chain with
+  # c.suffix's matching and global cache, min_ngram its shortest match)
+  c.drafter.copier = "prompt_lookup"
   c.drafter.model = ""  # draft model: registry name, directory or .gguf ("" = the target's spec)
   c.drafter.n_layers = 0  # draft model: keep only its first n layers (0 = all)
   c.drafter.shipped = (
@@ -106,6 +109,7 @@ class DrafterSettings:
   k: int = 4
   max_ngram: int = 3
   min_ngram: int = 1
+  copier: str = "prompt_lookup"
   model: str = ""
   n_layers: int = 0
   shipped: str = ""
