@@ -68,6 +68,7 @@ SPEC_BENCH_METHODS = [  # (config spec, overrides)
   ("suffix.py:tree", {}),
   ("suffix.py:chain", {}),
   ("lookup_first.py", {}),
+  ("lookup_first.py", {"drafter.copier": "suffix"}),
   ("prompt_lookup.py", ADAPTIVE),
   ("eagle.py:eagle3", ADAPTIVE),
   ("lookup_first.py", ADAPTIVE),
