@@ -22,6 +22,7 @@ from specjax.drafters.suffix import (
   SuffixCache,
   SuffixDrafter,
   SuffixTreeDrafter,
+  latest,
   match_lengths,
   suffix_cache_from_outputs,
 )
@@ -55,6 +56,29 @@ def test_match_lengths_stop_at_separators_and_context_start():
   np.testing.assert_array_equal(
     match_lengths(corpus, context, jnp.int32(2)), [0, 0, 2, 0, 0, 2, 0, 1]
   )
+
+
+def test_match_lengths_and_latest_hits_against_brute_force():
+  """On random corpora over 3 tokens (many long matches): match lengths as counted one position at
+  a time, and the latest hits as sorting the hit positions gives them."""
+  rng = np.random.RandomState(0)
+  for trial in range(20):
+    C, X, n_ctx = 60, 6, rng.randint(1, 7)
+    corpus = rng.randint(0, 3, C)
+    corpus[rng.rand(C) < 0.1] = SEP
+    context = rng.randint(0, 3, X)
+    want = np.zeros(C, int)
+    for c in range(C):
+      while want[c] < n_ctx and want[c] <= c and corpus[c - want[c]] == context[want[c]]:
+        want[c] += 1
+    got = match_lengths(jnp.asarray(corpus), jnp.asarray(context), jnp.int32(n_ctx))
+    np.testing.assert_array_equal(np.asarray(got), want, err_msg=str(trial))
+    hit = want == want.max()
+    for n in (1, 4, 70):
+      pos, ok = map(np.asarray, latest(jnp.asarray(hit), n))
+      expect = np.flatnonzero(hit)[::-1][:n]
+      np.testing.assert_array_equal(pos[ok], expect)
+      assert ok.sum() == len(expect) and not ok[len(expect) :].any()
 
 
 def test_tree_of_a_repeated_pattern():
