@@ -163,7 +163,9 @@ def test_config_errors_name_the_full_field():
   with pytest.raises(ValueError, match="^config.max_new_tokens=-1: must be >= 1$"):
     small_settings(max_new_tokens=-1)
   msg = unknown_field_message("drafter.kk")
-  assert msg.startswith("unknown config field 'drafter.kk'; known fields of drafter: copier, k, max_ngram")
+  assert msg.startswith(
+    "unknown config field 'drafter.kk'; known fields of drafter: copier, k, max_ngram"
+  )
   assert "top level" in unknown_field_message("nope")
   assert unknown_field_message("drafter.k") == ""
 
