@@ -15,7 +15,8 @@ exactly --max_new_tokens, so all methods do the same work per row). For each bat
                 K = --k, greedy;
   adaptive      with --adaptive_ks: PL, DM and the shipped drafter choosing K per step in the loop
                 (`specjax.adaptive`) among those K, from a cost table `measure_costs` times at that
-                batch size first (not counted in the decode time);
+                batch size first (not counted in the decode time); where that table makes the
+                loop never draft (`adp.never_drafts`), the run is the plain AR loop;
   policy PL/DM  `specjax.k_policy`: K in [0, --k] from the acceptance measured in that batch's K run
                 (alpha solving E(alpha, K) = tokens per pass) and the measured costs at that batch
                 (verify(0) = an AR step, verify(K) = a PL pass, interpolated linearly; draft cost per

@@ -27,6 +27,13 @@ acceptance rule is exactly the fixed-K loop's and the output distribution is unc
 
 The loop keeps the K chosen at each step (`AdaptiveTrace`). Decisions, estimates and traces are
 jnp arrays inside the `lax.while_loop`: nothing syncs with the host.
+
+When the loop would never draft (`never_drafts`: K = 0 steps give no evidence, so every estimate
+stays at the prior, and the prior's choice is K = 0), the chain and tree entry points run the plain
+AR loop instead (`AdaptiveConfig.ar_fallback`): the same tokens with no drafter set-up and no
+per-step bookkeeping. This is how the loop turns speculation off where verification is
+compute-bound (batch 8 on a 2-core CPU prices a 3-token pass at ~2.1 AR steps), like vLLM's
+`speculative_disable_by_batch_size`, but decided from the cost table.
 """
 
 from __future__ import annotations
@@ -122,12 +129,15 @@ class AdaptiveConfig:
     ks: the choices, ascending, starting with 0 (for the tree loop (0, max_depth)).
     prior_a, prior_b: the Beta prior of each row's alpha.
     decay: evidence kept per step (1.0: never forget).
+    ar_fallback: run the plain AR loop when the cost table makes the loop take K = 0 at every
+      step (`never_drafts`); False runs the adaptive loop anyway (the calibration times it).
   """
 
   ks: tuple[int, ...] = (0, 2, 4)
   prior_a: float = 1.0
   prior_b: float = 1.0
   decay: float = 0.99
+  ar_fallback: bool = True
 
   def __post_init__(self):
     if not self.ks or self.ks[0] != 0 or list(self.ks) != sorted(set(self.ks)):
@@ -204,6 +214,21 @@ def choose(
   return jnp.argmax(tokens / jnp.asarray(step_costs, jnp.float32)).astype(jnp.int32)
 
 
+def never_drafts(config: AdaptiveConfig, costs: CostTable) -> bool:
+  """Whether the adaptive loop under `costs` takes K = 0 at every step, for any batch.
+
+  A K = 0 step adds no evidence, so from the start every row's estimate is the prior mean
+  a0 / (a0 + b0) at every depth (decay leaves zero evidence at zero), and the choice (`choose`)
+  at equal estimates does not depend on which rows are live. If that choice is K = 0, no step
+  ever drafts.
+  """
+  depth = max(max(config.ks), 1)
+  with jax.ensure_compile_time_eval():  # a Python bool, also when called under a jit
+    alpha = jnp.full((1, depth), config.prior_a / (config.prior_a + config.prior_b), jnp.float32)
+    step_costs = jnp.asarray(costs.step_costs, jnp.float32)
+    return int(choose(alpha, jnp.ones((1,), bool), config.ks, step_costs)) == 0
+
+
 # ---------------------------------------------------------------- the loop
 
 
@@ -224,6 +249,16 @@ class AdaptiveTrace:
   choices: jax.Array
   n_steps: jax.Array
   ks: jax.Array
+
+
+def ar_trace(target_passes: jax.Array, ks: Sequence[int], max_steps: int) -> AdaptiveTrace:
+  """The trace of an adaptive run that took K = 0 at every step (`never_drafts`), from the AR
+  loop's per-row target passes."""
+  B, n_choices = target_passes.shape[0], len(ks)
+  counts = jnp.zeros((B, n_choices), jnp.int32).at[:, 0].set(target_passes)
+  n_steps = jnp.max(target_passes).astype(jnp.int32)
+  choices = jnp.where(jnp.arange(max_steps) < n_steps, 0, -1).astype(jnp.int32)
+  return AdaptiveTrace(counts, choices, n_steps, jnp.asarray(ks, jnp.int32))
 
 
 def run_adaptive(

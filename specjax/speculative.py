@@ -38,7 +38,7 @@ from specjax.decode import (
   spec_step,
   start,
 )
-from specjax.generate import GenerateConfig
+from specjax.generate import GenerateConfig, generate
 from specjax.metrics import SpecMetrics
 from specjax.model import Params
 from specjax.sampling import SamplingConfig
@@ -135,6 +135,20 @@ def adaptive_loop(state, step_kw: dict, drafter, stateless: bool, adaptive, step
   return adp.run_adaptive(state, steps, adaptive, step_costs, gen.max_new_tokens)
 
 
+def ar_fallback(params, cfg, prompts, prompt_lens, gen, key, max_new_per_row, ks, k) -> SpecOutput:
+  """What an adaptive loop that never drafts (`adp.never_drafts`) returns, from the plain AR loop:
+  the same tokens, counters with one target pass per committed token, and a trace of K = 0 steps.
+
+  Args:
+    ks: the adaptive choices; k: the per-depth counters' width (the loop's K_max or tree depth).
+  """
+  out = generate(params, cfg, prompts, prompt_lens, gen, key, max_new_per_row)
+  passes = out.target_passes
+  zeros, zk = jnp.zeros_like(passes), jnp.zeros((passes.shape[0], k), jnp.int32)
+  metrics = SpecMetrics(passes, zeros, zeros, passes, zk, zk)
+  return SpecOutput(out.tokens, out.lengths, metrics, adp.ar_trace(passes, ks, gen.max_new_tokens))
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "drafter", "rule", "gen", "adaptive"))
 def _speculative(
   params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen,
@@ -190,7 +204,9 @@ def speculative_generate(
     adaptive: adaptive speculation (`specjax.adaptive`): each step picks K among
       `adaptive.ks` (0 = an AR step); the drafter runs with k = K, and caches are sized for
       K_max. None: every step drafts `drafter.k`.
-    costs: the cost table for `adaptive` (same choices); required with it.
+    costs: the cost table for `adaptive` (same choices); required with it. If under it the loop
+      would never draft (`adp.never_drafts`), the plain AR loop runs (`ar_fallback`) unless
+      `adaptive.ar_fallback` is False.
 
   Returns:
     A `SpecOutput` with tokens, lengths and per-row metrics (and the K trace when adaptive).
@@ -205,6 +221,10 @@ def speculative_generate(
   if isinstance(rule, GreedyRule) and not gen.sampling.greedy:
     raise ValueError(
       "GreedyRule is exact only at temperature 0; use SpeculativeSamplingRule for sampling"
+    )
+  if adaptive is not None and adaptive.ar_fallback and adp.never_drafts(adaptive, costs):
+    return ar_fallback(
+      params, cfg, prompts, prompt_lens, gen, key, max_new_per_row, adaptive.ks, drafter.k
     )
   slack = drafter.k + 1 + drafter.capacity_slack()
   check_capacity(Tp, gen.max_new_tokens, slack, gen.capacity)

@@ -49,7 +49,7 @@ from specjax.kv_cache import compact_path
 from specjax.metrics import SpecMetrics
 from specjax.model import Params
 from specjax.sampling import SamplingConfig
-from specjax.speculative import SpecOutput, step_keywords
+from specjax.speculative import SpecOutput, ar_fallback, step_keywords
 from specjax.target import TargetModel, as_target
 from specjax.tree_acceptance import (
   DRAWS,
@@ -207,7 +207,9 @@ def tree_speculative_generate(
     max_new_per_row: optional [B] budgets.
     adaptive: adaptive speculation with choices (0, drafter.max_depth): each step is an AR step
       or a tree step (`specjax.adaptive`); None: every step drafts a tree.
-    costs: the cost table for `adaptive`; required with it.
+    costs: the cost table for `adaptive`; required with it. If under it the loop would never
+      draft (`adp.never_drafts`), the plain AR loop runs (`specjax.speculative.ar_fallback`)
+      unless `adaptive.ar_fallback` is False.
 
   Returns:
     A `SpecOutput`; metrics count N - 1 drafted nodes per pass and per-depth acceptance (and
@@ -225,6 +227,11 @@ def tree_speculative_generate(
     if adaptive.ks != (0, drafter.max_depth):
       raise ValueError(f"the tree loop chooses K in (0, max_depth={drafter.max_depth})")
     step_costs = adp.check_costs(adaptive, costs)
+    if adaptive.ar_fallback and adp.never_drafts(adaptive, costs):
+      return ar_fallback(
+        params, cfg, prompts, prompt_lens, gen, key, max_new_per_row, adaptive.ks,
+        drafter.max_depth,
+      )  # fmt: skip
   return _tree_speculative(
     params, draft_params, prompts, prompt_lens, budgets, key, cfg, drafter, rule, gen, adaptive,
     step_costs,

@@ -134,6 +134,24 @@ def test_cost_cache_key_and_reuse(tmp_path):
   assert len(calls) == 3  # a stored key that does not match is remeasured
 
 
+def test_never_drafts_on_hand_computed_numbers():
+  # Prior mean 0.5: E(2) = 1.75, E(3) = 1.875, E(4) = 1.9375 expected tokens per step.
+  config = adp.AdaptiveConfig((0, 2, 3, 4))
+
+  def table(*costs):
+    return adp.CostTable((0, 2, 3, 4), (1.0, *costs), (0.0,) * 4)
+
+  # Batch 8 on the 2-core CPU: 1.75 / 2.1, 1.875 / 2.5 and 1.9375 / 3.3 are all under 1.
+  assert adp.never_drafts(config, table(2.1, 2.5, 3.3))
+  assert adp.never_drafts(config, table(1.75, 1.875, 1.9375))  # ties go to K = 0
+  assert not adp.never_drafts(config, table(1.74, 2.5, 3.3))  # 1.75 / 1.74 > 1
+  assert not adp.never_drafts(config, table(2.1, 2.5, 1.9))  # K = 4 pays: 1.9375 / 1.9
+  # A prior of 2/3: E(2) = 1 + 2/3 + 4/9 = 2.11 > 2.1.
+  assert not adp.never_drafts(dataclasses.replace(config, prior_a=2.0), table(2.1, 2.5, 3.3))
+  # A Python bool also under a jit (the entry points may be traced inside one).
+  assert int(jax.jit(lambda x: x * adp.never_drafts(config, table(2.1, 2.5, 3.3)))(1)) == 1
+
+
 # ---------------------------------------------------------------- the chain loop
 
 KS = (0, 2, 4)
@@ -188,6 +206,40 @@ def test_adaptive_chain_greedy_identical_to_ar(models, batch):
         mixed_choices[name] = set(steps.tolist())
   # The draft model rarely agrees with the target: the mixed table turns speculation on and off.
   assert len(mixed_choices["draft"]) >= 2, mixed_choices
+
+
+def test_never_drafting_runs_the_ar_loop_with_the_loops_counters(models, monkeypatch):
+  """Under a table whose prior chooses K = 0 the entry points run the plain AR loop: the same
+  tokens, counters and trace as the adaptive loop itself (`ar_fallback=False`), which never
+  drafts either; the adaptive loop is not run."""
+  from specjax import speculative, tree_speculative
+
+  target, cfg, draft, dcfg = models
+  P, L = pad_prompts(_prompts(), bucket=8)
+  gen = GenerateConfig(max_new_tokens=12)
+  budgets = jnp.array([12, 5, 12])
+  tree = StaticTreeDrafter(cfg, StaticTree.from_paths([(0,), (1,), (0, 0)]))
+  tree_config = adp.AdaptiveConfig((0, tree.max_depth))
+  cases = [
+    (speculative_generate, DraftModelDrafter(dcfg, k=4), draft, CONFIG, FORCE_OFF),
+    (speculative_generate, PromptLookupDrafter(k=4), (), CONFIG, FORCE_OFF),
+    (tree_speculative_generate, tree, _noisy(target), tree_config,
+     adp.CostTable(tree_config.ks, (1.0, 100.0), (0.0, 0.0))),
+  ]  # fmt: skip
+  for fn, drafter, dparams, config, table in cases:
+    assert adp.never_drafts(config, table)
+    loop = fn(target, cfg, drafter, dparams, P, L, gen, max_new_per_row=budgets,
+              adaptive=dataclasses.replace(config, ar_fallback=False), costs=table)  # fmt: skip
+    with monkeypatch.context() as m:
+      for module, name in [(speculative, "_speculative"), (tree_speculative, "_tree_speculative")]:
+        m.setattr(module, name, lambda *a, **k: pytest.fail("the adaptive loop ran"))
+      fallback = fn(target, cfg, drafter, dparams, P, L, gen, max_new_per_row=budgets,
+                    adaptive=config, costs=table)  # fmt: skip
+    want, got = jax.tree.map(np.asarray, loop), jax.tree.map(np.asarray, fallback)
+    assert jax.tree.structure(want) == jax.tree.structure(got)
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+      np.testing.assert_array_equal(a, b, err_msg=type(drafter).__name__)
+    assert int(np.asarray(fallback.metrics.drafted).sum()) == 0
 
 
 def test_adaptive_chain_eagle_greedy_identical_to_ar(models):

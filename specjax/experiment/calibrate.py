@@ -93,8 +93,11 @@ def measure_costs(
   key, tokens = jax.random.PRNGKey(0), min(tokens, max_new_tokens)
   steps: dict[str, int] = {}
 
+  # The loop itself, forced: K = 0 at every step would otherwise run the plain AR loop instead.
+  adaptive = dataclasses.replace(method.adaptive, ar_fallback=False)
+
   def call(name: str, i: int, budget: int):
-    m = dataclasses.replace(method, costs=forced(ks, i))
+    m = dataclasses.replace(method, adaptive=adaptive, costs=forced(ks, i))
     budgets = jnp.full((batch,), budget, jnp.int32)
 
     def run():
