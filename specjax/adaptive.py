@@ -32,7 +32,7 @@ When the loop would never draft (`never_drafts`: K = 0 steps give no evidence, s
 stays at the prior, and the prior's choice is K = 0), the chain and tree entry points run the plain
 AR loop instead (`AdaptiveConfig.ar_fallback`): the same tokens with no drafter set-up and no
 per-step bookkeeping. This is how the loop turns speculation off where verification is
-compute-bound (batch 8 on a 2-core CPU prices a 3-token pass at ~2.1 AR steps), like vLLM's
+compute-bound (batch 8 on a 2-core CPU prices a 3-token pass at 2.1-2.6 AR steps), like vLLM's
 `speculative_disable_by_batch_size`, but decided from the cost table.
 """
 
