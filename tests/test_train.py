@@ -557,6 +557,30 @@ def test_training_keeps_the_checkpoint_with_the_best_simulated_tau(tiny, tmp_pat
   assert again["top1_head0"] == pytest.approx(evals[best]["top1_head0"])
 
 
+def test_first_response_tokens_scores_only_each_responses_opening(tiny):
+  store = tiny[3]
+  w = Windows(store, 32, heldout=True)
+  for n in (1, 5):
+    early = w.first_response_tokens(n)
+    # Position t is flagged when x_{t+1} is one of its response's first n tokens.
+    index = w.pos + 1 - store.prompt_lens[w.doc]
+    np.testing.assert_array_equal(early.resp, w.resp & (index < n))
+    per_doc = np.bincount(w.doc[early.resp], minlength=len(store.doc_lens))
+    held = np.flatnonzero(store.heldout)
+    lens = store.doc_lens[held] - store.prompt_lens[held] + 1
+    np.testing.assert_array_equal(per_doc[held], np.minimum(n, lens))
+  assert w.resp.sum() > w.first_response_tokens(5).resp.sum()  # responses are longer than 5
+  # Evaluating with first = n adds first_* metrics: the same agreement over those positions.
+  config = tiny_config("train_medusa", tiny[0])
+  s = pipeline.settings_from_config(config)
+  objective = pipeline.make_objective(s.objective, tiny[2])
+  trainable, frozen = objective.init(jax.random.PRNGKey(0), tiny[1], tiny[2], jnp.arange(48))
+  ev = evaluate(objective, trainable, frozen, w, 100, 8, first=5)
+  alone = evaluate(objective, trainable, frozen, w.first_response_tokens(5), 100, 8)
+  assert {k: ev["first_" + k] for k in alone} == alone
+  assert ev["first_eval_positions"] < ev["eval_positions"]
+
+
 def _tiny_corpus(params, cfg, path: str, fingerprint: str) -> None:
   """A packed corpus of 12 documents the tiny target wrote (2 held out)."""
   rng = np.random.default_rng(5)

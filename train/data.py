@@ -10,6 +10,7 @@ same batches as an uninterrupted one.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 
@@ -88,6 +89,14 @@ class Windows:
       stream = tuple(a[:max_positions] for a in stream)
     self.idx, self.doc, self.pos, self.resp = stream
     self.n_windows = max(len(self.idx) // seq_len, 1)
+
+  def first_response_tokens(self, n: int) -> Windows:
+    """The same windows with only each response's first n tokens scored: a position's response
+    flag stays set when its next token is one of them (decoding a few dozen tokens sees these,
+    whose held-out agreement is well below that of later ones)."""
+    early = copy.copy(self)
+    early.resp = self.resp & (self.pos + 1 - self.store.prompt_lens[self.doc] < n)
+    return early
 
   @property
   def n_positions(self) -> int:

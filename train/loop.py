@@ -46,6 +46,9 @@ class TrainSettings:
     eval_every: steps between held-out evaluations (0: only at the end).
     save_every: steps between checkpoints.
     eval_windows: held-out windows evaluated, spread over the held-out stream (0: no evaluation).
+    eval_first: also score the same windows on each response's first N tokens alone (metrics
+      `first_top1*` and `first_simulated_tau`; 0: not). The kept state is still chosen by the
+      metric over every response position.
   """
 
   steps: int = 1000
@@ -61,6 +64,7 @@ class TrainSettings:
   eval_every: int = 0
   save_every: int = 100
   eval_windows: int = 16
+  eval_first: int = 0
 
 
 @jax.tree_util.register_dataclass
@@ -97,19 +101,33 @@ def make_train_step(objective, optimizer: optax.GradientTransformation) -> Calla
   return jax.jit(step, donate_argnums=(0,))
 
 
-def evaluate(objective, params, frozen, windows: Windows, n_windows: int, batch_size: int) -> dict:
+def evaluate(
+  objective, params, frozen, windows: Windows, n_windows: int, batch_size: int, first: int = 0
+) -> dict:
   """Held-out agreement: {metric: hits / count} over n_windows windows spread evenly over the
-  held-out stream (all of them when it has no more), so every held-out source is sampled."""
+  held-out stream (all of them when it has no more), so every held-out source is sampled, and
+  "simulated_tau". first > 0 adds the same over each response's first `first` tokens
+  (`first_`-prefixed keys)."""
   fn = jax.jit(objective.evaluate)
-  sums: dict[str, np.ndarray] = {}
   n = min(n_windows, windows.n_windows)
   ids = np.unique(np.linspace(0, windows.n_windows - 1, n).round().astype(np.int64))
-  for lo in range(0, len(ids), batch_size):
-    out = fn(params, frozen, windows.batch(ids[lo : lo + batch_size]))
-    for k, (hits, count) in out.items():
-      sums[k] = sums.get(k, np.zeros(2)) + np.asarray([hits, count], np.float64)
-  result = {k: float(h / max(c, 1)) for k, (h, c) in sums.items()}
-  result["eval_positions"] = int(max((c for _, c in sums.values()), default=0))
+
+  def agreement(w: Windows) -> dict:
+    sums: dict[str, np.ndarray] = {}
+    for lo in range(0, len(ids), batch_size):
+      out = fn(params, frozen, w.batch(ids[lo : lo + batch_size]))
+      for k, (hits, count) in out.items():
+        sums[k] = sums.get(k, np.zeros(2)) + np.asarray([hits, count], np.float64)
+    result = {k: float(h / max(c, 1)) for k, (h, c) in sums.items()}
+    result["eval_positions"] = int(max((c for _, c in sums.values()), default=0))
+    result["simulated_tau"] = simulated_tau(result)
+    return result
+
+  result = agreement(windows)
+  if first:
+    result.update(
+      {f"first_{k}": v for k, v in agreement(windows.first_response_tokens(first)).items()}
+    )
   return result
 
 
@@ -302,8 +320,15 @@ def train(
       if done % settings.save_every == 0 or done == last:
         ckpt.save(done, state)
       if eval_windows is not None and settings.eval_every and done % settings.eval_every == 0:
-        ev = evaluate(objective, state.params, frozen, eval_windows, settings.eval_windows, 8)
-        ev["simulated_tau"] = simulated_tau(ev)
+        ev = evaluate(
+          objective,
+          state.params,
+          frozen,
+          eval_windows,
+          settings.eval_windows,
+          8,
+          settings.eval_first,
+        )
         metrics.write({"step": done, "eval": ev})
         kept = best.offer(done, ev, state)
         log(
@@ -313,8 +338,9 @@ def train(
         )
     final, params = {}, state.params
     if eval_windows is not None:
-      final = evaluate(objective, state.params, frozen, eval_windows, settings.eval_windows, 8)
-      final["simulated_tau"] = simulated_tau(final)
+      final = evaluate(
+        objective, state.params, frozen, eval_windows, settings.eval_windows, 8, settings.eval_first
+      )
       metrics.write({"step": int(state.step), "eval": final, "final": True})
       log("held-out: " + " ".join(f"{k} {v:.4f}" for k, v in final.items()))
       best.offer(int(state.step), final, state)

@@ -106,6 +106,7 @@ def base_config() -> ml_collections.ConfigDict:
       eval_every=0,
       save_every=50,
       eval_windows=16,
+      eval_first=0,  # > 0: also score each response's first N tokens alone (`first_*` metrics)
     )
   )
   c.ship = ml_collections.ConfigDict(dict(name="", dir="specjax/drafters/shipped"))
@@ -118,6 +119,9 @@ def use_corpus(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
   config.data.cache_dir = feature_cache(SMOLLM2_CORPUS_FEATURES)
   config.data.features.hidden_layers = SMOLLM2_CORPUS_LAYERS
   config.train.seq_len = 512
+  # Held-out agreement over each response's first 64 tokens as well: the benchmarks decode 64
+  # tokens, and these positions are harder than later ones of the corpus's 512-token responses.
+  config.train.eval_first = 64
   return config
 
 
