@@ -2,10 +2,11 @@
 own reduced-vocabulary head, and trains with a 3-step training-time test (unrolled on its own
 outputs), on the committed self-distilled corpus (`train/corpora/smollm2-sd-v2.npz`).
 
-The shipped head was trained in two stages: 1,200 steps from scratch on the first corpus (v1,
-1.0M response tokens of ShareGPT and GSM8K answers), then this config, which continues that head
-(`objective.init_from`, keeping its draft vocabulary) on v2 (v1 plus task-shaped prompts:
-summarisation, retrieval-augmented QA, translation, short questions; `train/task_prompts.py`).
+The shipped head was trained in three stages: 1,200 steps from scratch on the first corpus (v1,
+1.0M response tokens of ShareGPT and GSM8K answers), then this config twice, each run continuing
+the head shipped before it (`objective.init_from`, keeping its draft vocabulary) on v2 (v1 plus
+task-shaped prompts: summarisation, retrieval-augmented QA, translation, short questions;
+`train/task_prompts.py`): 400 steps, then 600 (`--config.train.steps=600`, the default now).
 `:scratch` trains a head from random weights on v2 with the first stage's settings.
 
 The first run reads the corpus's documents through the target once (~4M positions; resumable)
@@ -38,10 +39,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if arg == "scratch":  # the first stage's settings (1,200 steps, ~2.2 epochs of v1)
     config.train.update(dict(steps=1200, lr=2e-3, warmup=50))
     return config
-  # Continue the first stage's head on v2: 400 steps of 4 x 512 positions, ~0.3 epoch of v2's
-  # response tokens, ~2.3 s/step on 2 cores (what one session's CPU time allowed).
+  # Continue the shipped head on v2: 600 steps of 4 x 512 positions, ~0.3 epoch of v2's training
+  # positions, 2.3-4.1 s/step on 2 cores (what one session's CPU time allowed).
   config.objective.init_from = "eagle3-smollm2-135m"
-  config.train.update(dict(steps=400, lr=1e-3, warmup=50))
+  config.train.update(dict(steps=600, lr=1e-3, warmup=50))
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.fuse_layers = (0, 1)
