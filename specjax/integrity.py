@@ -8,6 +8,8 @@ differs and how to rebuild. Nothing here trusts a file because it exists.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -109,6 +111,30 @@ def named_os_error(e: BaseException, path: str) -> BaseException:
   if isinstance(e, OSError) and e.filename is None and e.errno is not None:
     return OSError(e.errno, e.strerror, path)
   return e
+
+
+@contextlib.contextmanager
+def sole_writer(directory: str, what: str):
+  """Creates `directory` if needed and holds an exclusive kernel lock (flock) on it while the
+  block runs, so two processes never extend the same resumable output (a feature cache, a corpus,
+  a training run) at once. The lock goes with its process: a killed run leaves nothing to clean up.
+
+  Raises:
+    CacheError: another process holds the lock; names the directory and what to do.
+  """
+  os.makedirs(directory, exist_ok=True)
+  fd = os.open(directory, os.O_RDONLY)
+  try:
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      raise CacheError(
+        f"another process is writing {what} in {directory}; let it finish or stop it, then rerun "
+        "this command (it resumes where that process stopped)"
+      ) from None
+    yield
+  finally:
+    os.close(fd)
 
 
 def write_atomic(path: str, write: Callable[[IO[bytes]], None]) -> None:

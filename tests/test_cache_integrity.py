@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 from toy_models import tiny_model
 
-from specjax.integrity import CacheError, differences, weights_fingerprint, write_json_atomic
+from specjax.integrity import (
+  CacheError,
+  differences,
+  sole_writer,
+  weights_fingerprint,
+  write_json_atomic,
+)
 from specjax.loading.hf import save_hf
 from train import features, pipeline
 
@@ -268,3 +274,50 @@ def test_a_full_disk_leaves_nothing_that_looks_complete(targets, tmp_path, monke
     write_json_atomic(str(cache / "manifest.json"), {"x": 1})
   assert (cache / "manifest.json").read_text() == before
   assert sorted(os.listdir(cache)) == ["manifest.json", "packed", "shards"]
+
+
+def test_sole_writer_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
+  d = str(tmp_path / "run")
+  with sole_writer(d, "a training run"):
+    with pytest.raises(CacheError, match=r"another process is writing a training run in .*run"):
+      with sole_writer(d, "a training run"):
+        pass
+  with sole_writer(d, "a training run"):  # released on exit
+    pass
+  # A process killed while it holds the lock leaves nothing behind (the kernel drops it).
+  holder = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      "import fcntl, os, sys, time\n"
+      f"fd = os.open({d!r}, os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX)\n"
+      "print('held', flush=True); time.sleep(60)",
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(CacheError, match="let it finish or stop it"):
+      with sole_writer(d, "a training run"):
+        pass
+  finally:
+    holder.kill()
+    holder.wait()
+  with sole_writer(d, "a training run"):
+    pass
+
+
+def test_a_second_process_cannot_extend_the_same_feature_cache(tmp_path):
+  """The read-through holds its directory; a second one fails at once with a message naming it
+  (two read-throughs of one cache once ran side by side)."""
+  from train import teacher_forced
+
+  params, cfg = tiny_model(0, vocab=64)
+  docs = [teacher_forced.Document(tuple(range(4, 20)), 6, 0, False)]
+  out = str(tmp_path / "packed")
+  with sole_writer(out + ".part", "a feature cache"):
+    with pytest.raises(CacheError, match="writing a feature cache"):
+      teacher_forced.build(docs, out, params, cfg, log=lambda _: None)
+  teacher_forced.build(docs, out, params, cfg, log=lambda _: None)  # alone, it builds
+  assert features.FeatureStore.open(out).doc_lens.tolist() == [16]

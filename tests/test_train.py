@@ -22,7 +22,7 @@ from toy_models import tiny_model
 from specjax.drafters.eagle import head_logits
 from specjax.drafters.shipped import ShippedDrafterError, load_shipped
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
-from specjax.integrity import CacheError, weights_fingerprint
+from specjax.integrity import CacheError, sole_writer, weights_fingerprint
 from specjax.kv_cache import init_cache
 from specjax.loading.hf import save_hf
 from specjax.metrics import summarize
@@ -644,3 +644,12 @@ def test_curve_tables_read_a_run(tmp_path):
   table = curve.curve_table(str(w))
   assert "| 20 (kept) | 0.300 | 0.200 | 1.374 |" in table and "| 10 | 0.200 | 0.100 |" in table
   assert "| run | 5000 | 20 | 0.300 / 0.200 | 1.374 |" in curve.scaling_table([str(w)])
+
+
+def test_a_second_run_in_the_same_workdir_is_refused(tiny, tmp_path):
+  config = tiny_config("train_medusa", tiny[0])
+  workdir = str(tmp_path / "w")
+  with sole_writer(workdir, "a training run"):  # as another process's run would hold it
+    with pytest.raises(CacheError, match="another process is writing a training run"):
+      pipeline.run(config, workdir, lambda _: None, stop_after=1)
+  assert not os.path.exists(os.path.join(workdir, "checkpoints"))

@@ -35,7 +35,7 @@ import numpy as np
 
 from specjax.config import ModelConfig
 from specjax.generate import init_sequence, is_stop, prefill
-from specjax.integrity import write_atomic, write_json_atomic
+from specjax.integrity import sole_writer, write_atomic, write_json_atomic
 from specjax.kv_cache import KVCache, init_cache
 from specjax.model import Params, forward
 from train.prompts import TrainPrompt
@@ -303,40 +303,43 @@ def build_corpus(
 
   Prompts are answered in list order (the held-out front first), skipping those already stored.
   """
-  check_manifest(out_dir, manifest)
-  have = done_prompts(out_dir)
-  stored = sum(_shard_generated(p) for p in glob.glob(os.path.join(out_dir, "shard_*.npz")))
-  queue = [i for i in range(len(prompts)) if i not in have]
-  log(f"corpus: {len(have)} documents, {stored} response tokens stored; {len(queue)} prompts left")
-  buf: list[Document] = []
-  counts = dict(docs=0, tokens=0, last_log=0.0)
-
-  def on_document(d: Document):
-    buf.append(d)
-    counts["docs"] += 1
-    counts["tokens"] += len(d.tokens) - d.prompt_len
-    if len(buf) >= shard_docs:
-      _write_shard(out_dir, buf)
-      buf.clear()
-
-  def progress(tokens: int, seconds: float):  # tokens: this run's, in-flight documents included
-    if seconds - counts["last_log"] < 30:
-      return
-    counts["last_log"] = seconds
-    rate = tokens / max(seconds, 1e-9)
-    eta = max(max_tokens - stored - tokens, 0) / max(rate, 1e-9) / 60
+  with sole_writer(out_dir, "a corpus"):
+    check_manifest(out_dir, manifest)
+    have = done_prompts(out_dir)
+    stored = sum(_shard_generated(p) for p in glob.glob(os.path.join(out_dir, "shard_*.npz")))
+    queue = [i for i in range(len(prompts)) if i not in have]
     log(
-      f"corpus: {len(have) + counts['docs']} documents stored, {stored + tokens} response tokens "
-      f"({rate:.0f} tok/s, load {os.getloadavg()[0]:.1f}), ETA {eta:.0f} min"
+      f"corpus: {len(have)} documents, {stored} response tokens stored; {len(queue)} prompts left"
     )
+    buf: list[Document] = []
+    counts = dict(docs=0, tokens=0, last_log=0.0)
 
-  stats = generate_documents(
-    params, cfg, [p.tokens for p in prompts], queue, engine, stop_tokens, on_document,
-    should_stop=lambda: stored + counts["tokens"] >= max_tokens, progress=progress,
-  )  # fmt: skip
-  if buf:
-    _write_shard(out_dir, buf)
-  return stats
+    def on_document(d: Document):
+      buf.append(d)
+      counts["docs"] += 1
+      counts["tokens"] += len(d.tokens) - d.prompt_len
+      if len(buf) >= shard_docs:
+        _write_shard(out_dir, buf)
+        buf.clear()
+
+    def progress(tokens: int, seconds: float):  # tokens: this run's, in-flight documents included
+      if seconds - counts["last_log"] < 30:
+        return
+      counts["last_log"] = seconds
+      rate = tokens / max(seconds, 1e-9)
+      eta = max(max_tokens - stored - tokens, 0) / max(rate, 1e-9) / 60
+      log(
+        f"corpus: {len(have) + counts['docs']} documents stored, {stored + tokens} response tokens "
+        f"({rate:.0f} tok/s, load {os.getloadavg()[0]:.1f}), ETA {eta:.0f} min"
+      )
+
+    stats = generate_documents(
+      params, cfg, [p.tokens for p in prompts], queue, engine, stop_tokens, on_document,
+      should_stop=lambda: stored + counts["tokens"] >= max_tokens, progress=progress,
+    )  # fmt: skip
+    if buf:
+      _write_shard(out_dir, buf)
+    return stats
 
 
 def _shard_generated(path: str) -> int:

@@ -20,7 +20,13 @@ import numpy as np
 from specjax.config import ModelConfig
 from specjax.drafters import registry as drafter_registry
 from specjax.drafters.draft_vocab import top_tokens
-from specjax.integrity import CacheError, differences, weights_fingerprint, write_json_atomic
+from specjax.integrity import (
+  CacheError,
+  differences,
+  sole_writer,
+  weights_fingerprint,
+  write_json_atomic,
+)
 from specjax.loading.registry import load_model
 from train import corpus, features, objectives, prompts, sources, teacher_forced
 from train.data import Windows
@@ -463,67 +469,67 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
 
     check_shippable(objective)
   store, manifest = ensure_features(s, params, tcfg, tok, log)
-  os.makedirs(workdir, exist_ok=True)
-  check_workdir(workdir, s, manifest)
-  vocab_path = os.path.join(workdir, "d2t.npy")
-  if not os.path.exists(vocab_path):
-    stops = tok.stop_ids if tok is not None else ()
-    extra = None
-    if s.data.vocab_sharegpt_chars and tok is not None:
-      extra = sharegpt_response_counts(tok, s.data.vocab_sharegpt_chars, tcfg.vocab_size)
-    d2t = draft_vocabulary(store, s.data.draft_vocab, tcfg.vocab_size, stops, extra)
-    source = s.objective.get("base") or s.objective.get("init_from")
-    if source:  # a drafter that extends or continues a shipped one keeps its vocabulary
-      d2t = shipped_vocabulary(source, params, tcfg, s.ship_dir)
-    tmp = vocab_path + ".tmp.npy"
-    np.save(tmp, d2t)
-    os.replace(tmp, vocab_path)
-  d2t = np.load(vocab_path)
-  key = jax.random.PRNGKey(s.train.seed)
-  trainable, frozen = objective.init(key, params, tcfg, d2t, shipped_dir=s.ship_dir)
-  fused = tuple(getattr(objective, "fuse_layers", ()))
-  if fused and fused != tuple(s.data.features.hidden_layers):
-    raise ValueError(
-      f"the head fuses target layers {fused} but the feature cache stores "
-      f"{tuple(s.data.features.hidden_layers)}; set data.features.hidden_layers to match"
+  with sole_writer(workdir, "a training run"):
+    check_workdir(workdir, s, manifest)
+    vocab_path = os.path.join(workdir, "d2t.npy")
+    if not os.path.exists(vocab_path):
+      stops = tok.stop_ids if tok is not None else ()
+      extra = None
+      if s.data.vocab_sharegpt_chars and tok is not None:
+        extra = sharegpt_response_counts(tok, s.data.vocab_sharegpt_chars, tcfg.vocab_size)
+      d2t = draft_vocabulary(store, s.data.draft_vocab, tcfg.vocab_size, stops, extra)
+      source = s.objective.get("base") or s.objective.get("init_from")
+      if source:  # a drafter that extends or continues a shipped one keeps its vocabulary
+        d2t = shipped_vocabulary(source, params, tcfg, s.ship_dir)
+      tmp = vocab_path + ".tmp.npy"
+      np.save(tmp, d2t)
+      os.replace(tmp, vocab_path)
+    d2t = np.load(vocab_path)
+    key = jax.random.PRNGKey(s.train.seed)
+    trainable, frozen = objective.init(key, params, tcfg, d2t, shipped_dir=s.ship_dir)
+    fused = tuple(getattr(objective, "fuse_layers", ()))
+    if fused and fused != tuple(s.data.features.hidden_layers):
+      raise ValueError(
+        f"the head fuses target layers {fused} but the feature cache stores "
+        f"{tuple(s.data.features.hidden_layers)}; set data.features.hidden_layers to match"
+      )
+    with_layers = bool(fused)
+    train_w = Windows(
+      store, s.train.seq_len, False, with_layers, max_positions=s.data.train_positions or None
     )
-  with_layers = bool(fused)
-  train_w = Windows(
-    store, s.train.seq_len, False, with_layers, max_positions=s.data.train_positions or None
-  )
-  eval_w = Windows(store, s.train.seq_len, heldout=True, with_layers=with_layers)
-  log(
-    f"{objective.name}: {train_w.n_positions} training positions ({train_w.n_windows} windows), "
-    f"{eval_w.n_positions} held-out; draft vocabulary {len(d2t)}"
-  )
-  t0 = time.time()
-  trainable, heldout = train(
-    objective, trainable, frozen, train_w, eval_w, s.train, workdir, log, stop_after
-  )
-  meta = None
-  if s.ship_name and (stop_after is None or stop_after >= s.train.steps):
-    from train.export import export_drafter
+    eval_w = Windows(store, s.train.seq_len, heldout=True, with_layers=with_layers)
+    log(
+      f"{objective.name}: {train_w.n_positions} training positions ({train_w.n_windows} windows), "
+      f"{eval_w.n_positions} held-out; draft vocabulary {len(d2t)}"
+    )
+    t0 = time.time()
+    trainable, heldout = train(
+      objective, trainable, frozen, train_w, eval_w, s.train, workdir, log, stop_after
+    )
+    meta = None
+    if s.ship_name and (stop_after is None or stop_after >= s.train.steps):
+      from train.export import export_drafter
 
-    resp = np.asarray(train_w.resp).mean()
-    extra = {
-      "data": {
-        **manifest,
-        "documents": int(len(store.doc_lens)),
-        "heldout_documents": int(store.heldout.sum()),
-        "training_positions": train_w.n_positions,
-        "response_fraction": float(resp),
-        "heldout_positions": eval_w.n_positions,
-        "draft_vocab": len(d2t),
-      },
-      "training": {
-        **dataclasses.asdict(s.train),
-        "train_s": train_seconds(os.path.join(workdir, "metrics.jsonl")),
-        "wall_s_last_process": time.time() - t0,
-      },
-      "heldout": heldout,
-    }
-    meta = export_drafter(
-      s.ship_dir, s.ship_name, objective, trainable, frozen, s.target, tcfg, extra
-    )
-    log(f"shipped {s.ship_name} ({meta['size_bytes'] / 1e6:.1f} MB) to {s.ship_dir}")
-  return objective, trainable, frozen, heldout, meta
+      resp = np.asarray(train_w.resp).mean()
+      extra = {
+        "data": {
+          **manifest,
+          "documents": int(len(store.doc_lens)),
+          "heldout_documents": int(store.heldout.sum()),
+          "training_positions": train_w.n_positions,
+          "response_fraction": float(resp),
+          "heldout_positions": eval_w.n_positions,
+          "draft_vocab": len(d2t),
+        },
+        "training": {
+          **dataclasses.asdict(s.train),
+          "train_s": train_seconds(os.path.join(workdir, "metrics.jsonl")),
+          "wall_s_last_process": time.time() - t0,
+        },
+        "heldout": heldout,
+      }
+      meta = export_drafter(
+        s.ship_dir, s.ship_name, objective, trainable, frozen, s.target, tcfg, extra
+      )
+      log(f"shipped {s.ship_name} ({meta['size_bytes'] / 1e6:.1f} MB) to {s.ship_dir}")
+    return objective, trainable, frozen, heldout, meta

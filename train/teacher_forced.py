@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.integrity import write_json_atomic
+from specjax.integrity import sole_writer, write_json_atomic
 from specjax.kv_cache import init_cache
 from specjax.model import Params, forward
 from train.features import FeatureStore, open_memmap_allocated, seal
@@ -99,51 +99,53 @@ def build(
   tmp = out_dir + ".part"
   progress_path = os.path.join(tmp, "progress.json")
   chunks = _chunks(lens, max_batch_tokens, bucket)
-  done = 0
-  if os.path.exists(progress_path):
-    with open(progress_path) as f:
-      done = json.load(f)["chunks_done"]
-  mode = "r+" if done else "w+"
-  os.makedirs(tmp, exist_ok=True)
-  mm = functools.partial(open_memmap_allocated, mode=mode)
-  tokens = mm(os.path.join(tmp, "tokens.npy"), np.int32, (N,))
-  hidden = mm(os.path.join(tmp, "hidden.npy"), np.float16, (N, D))
-  layers = mm(os.path.join(tmp, "layers.npy"), np.float16, (n_lay, N, D)) if n_lay else None
-  t0, new = time.time(), 0
-  for c in range(done, len(chunks)):
-    T, ids = chunks[c]
-    batch = np.zeros((max(max_batch_tokens // T, 1), T), np.int32)
-    for r, d in enumerate(ids):
-      batch[r, : lens[d]] = documents[d].tokens
-    hid, lay = read_through(params, jnp.asarray(batch), cfg, tuple(hidden_layers))
-    hid = np.asarray(hid, np.float16)
-    lay = None if lay is None else np.asarray(lay, np.float16)
-    for r, d in enumerate(ids):
-      s, n = starts[d], lens[d]
-      tokens[s : s + n] = batch[r, :n]
-      hidden[s : s + n] = hid[r, :n]
-      if layers is not None:
-        layers[:, s : s + n] = lay[:, r, :n]
-    for a in (tokens, hidden, layers):
-      if a is not None:
-        a.flush()
-    write_json_atomic(progress_path, {"chunks_done": c + 1})
-    new += int(lens[ids].sum())
-    rate = new / (time.time() - t0)
-    left = int(lens[[d for _, i in chunks[c + 1 :] for d in i]].sum()) if c + 1 < len(chunks) else 0
-    log(
-      f"read-through: chunk {c + 1}/{len(chunks)} ({rate:.0f} positions/s) ETA {left / rate / 60:.1f} min"
-    )
-  docs = {
-    "doc_lens": lens.tolist(),
-    "prompt_lens": [d.prompt_len for d in documents],
-    "prompt_index": [d.prompt_index for d in documents],
-    "heldout": [d.heldout for d in documents],
-  }
-  write_json_atomic(os.path.join(tmp, "docs.json"), docs, indent=None)
-  os.remove(progress_path)
-  del tokens, hidden, layers
-  seal(tmp)
-  os.replace(tmp, out_dir)
+  with sole_writer(tmp, "a feature cache"):  # progress is read under the lock
+    done = 0
+    if os.path.exists(progress_path):
+      with open(progress_path) as f:
+        done = json.load(f)["chunks_done"]
+    mode = "r+" if done else "w+"
+    mm = functools.partial(open_memmap_allocated, mode=mode)
+    tokens = mm(os.path.join(tmp, "tokens.npy"), np.int32, (N,))
+    hidden = mm(os.path.join(tmp, "hidden.npy"), np.float16, (N, D))
+    layers = mm(os.path.join(tmp, "layers.npy"), np.float16, (n_lay, N, D)) if n_lay else None
+    t0, new = time.time(), 0
+    for c in range(done, len(chunks)):
+      T, ids = chunks[c]
+      batch = np.zeros((max(max_batch_tokens // T, 1), T), np.int32)
+      for r, d in enumerate(ids):
+        batch[r, : lens[d]] = documents[d].tokens
+      hid, lay = read_through(params, jnp.asarray(batch), cfg, tuple(hidden_layers))
+      hid = np.asarray(hid, np.float16)
+      lay = None if lay is None else np.asarray(lay, np.float16)
+      for r, d in enumerate(ids):
+        s, n = starts[d], lens[d]
+        tokens[s : s + n] = batch[r, :n]
+        hidden[s : s + n] = hid[r, :n]
+        if layers is not None:
+          layers[:, s : s + n] = lay[:, r, :n]
+      for a in (tokens, hidden, layers):
+        if a is not None:
+          a.flush()
+      write_json_atomic(progress_path, {"chunks_done": c + 1})
+      new += int(lens[ids].sum())
+      rate = new / (time.time() - t0)
+      left = (
+        int(lens[[d for _, i in chunks[c + 1 :] for d in i]].sum()) if c + 1 < len(chunks) else 0
+      )
+      log(
+        f"read-through: chunk {c + 1}/{len(chunks)} ({rate:.0f} positions/s) ETA {left / rate / 60:.1f} min"
+      )
+    docs = {
+      "doc_lens": lens.tolist(),
+      "prompt_lens": [d.prompt_len for d in documents],
+      "prompt_index": [d.prompt_index for d in documents],
+      "heldout": [d.heldout for d in documents],
+    }
+    write_json_atomic(os.path.join(tmp, "docs.json"), docs, indent=None)
+    os.remove(progress_path)
+    del tokens, hidden, layers
+    seal(tmp)
+    os.replace(tmp, out_dir)
   seconds = time.time() - t0
   return {"positions": N, "seconds": seconds, "positions_per_s": new / max(seconds, 1e-9)}
