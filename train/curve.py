@@ -53,18 +53,19 @@ def curve_table(workdir: str) -> str:
   if not rows:
     return f"{workdir}: no held-out evaluation yet"
   keys = _rate_keys(rows)
-  first = ["first_" + k for k in keys] if any("first_simulated_tau" in r for r in rows) else []
+  cols = keys + ["simulated_tau"]
+  if any("first_simulated_tau" in r for r in rows):  # the run scored each response's opening too
+    cols += ["first_" + k for k in cols]
   kept = (best(workdir) or {}).get("step")
-  taus = ["simulated_tau"] + (["first_simulated_tau"] if first else [])
   lines = [
     f"**{os.path.basename(os.path.normpath(workdir))}**",
     "",
-    "| step | " + " | ".join(keys + taus[:1] + first + taus[1:]) + " |",
-    "|---:|" + "---:|" * (len(keys) + len(first) + len(taus)),
+    "| step | " + " | ".join(cols) + " |",
+    "|---:|" + "---:|" * len(cols),
   ]
   for r in rows:
     mark = " (kept)" if r["step"] == kept else ""
-    cells = " | ".join(f"{r[k]:.3f}" if k in r else "" for k in keys + taus[:1] + first + taus[1:])
+    cells = " | ".join(f"{r[k]:.3f}" if k in r else "" for k in cols)
     lines.append(f"| {r['step']}{mark} | {cells} |")
   return "\n".join(lines)
 
