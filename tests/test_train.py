@@ -581,6 +581,31 @@ def test_first_response_tokens_scores_only_each_responses_opening(tiny):
   assert ev["first_eval_positions"] < ev["eval_positions"]
 
 
+
+@pytest.mark.parametrize("name", ["train_medusa", "train_eagle3"])
+def test_weight_first_leans_the_loss_towards_each_responses_opening(tiny, name):
+  """weight_first(n, w): weight w on the positions first_response_tokens(n) scores, 1 elsewhere;
+  w = 1 leaves the loss as it was, and a huge w turns it into the loss over the openings alone."""
+  store = tiny[3]
+  w = Windows(store, 32, heldout=False, with_layers=name == "train_eagle3")
+  heavy = w.weight_first(5, 3.0)
+  opening = w.first_response_tokens(5).resp
+  np.testing.assert_array_equal(heavy.weight, np.where(opening, 3.0, 1.0))
+  config = tiny_config(name, tiny[0])
+  s = pipeline.settings_from_config(config)
+  objective = pipeline.make_objective(s.objective, tiny[2])
+  trainable, frozen = objective.init(jax.random.PRNGKey(0), tiny[1], tiny[2], jnp.arange(48))
+  ids = np.arange(min(w.n_windows, 6))
+  loss = lambda ws: float(objective.loss(trainable, frozen, ws.batch(ids))[0])  # noqa: E731
+  plain, alone = loss(w), loss(w.first_response_tokens(5))
+  assert loss(w.weight_first(5, 1.0)) == pytest.approx(plain, rel=1e-6)
+  assert loss(w.weight_first(5, 1e7)) == pytest.approx(alone, rel=1e-3)
+  assert abs(plain - alone) > 1e-3 * abs(alone)  # the openings' loss differs from the rest's
+  # Settings that weight the openings must say how long an opening is.
+  config.train.first_weight, config.train.eval_first = 2.0, 0
+  with pytest.raises(ValueError, match="eval_first"):
+    pipeline.settings_from_config(config)
+
 def _tiny_corpus(params, cfg, path: str, fingerprint: str) -> None:
   """A packed corpus of 12 documents the tiny target wrote (2 held out)."""
   rng = np.random.default_rng(5)

@@ -32,6 +32,7 @@ class Batch:
     doc: [B, T] int32 document id (-1 for padding).
     pos: [B, T] int32 position within the document.
     response: [B, T] bool, x_{t+1} is a response token (the target generated it).
+    weight: [B, T] float32 loss weight of the term predicting x_{t+1}, or None (all 1).
   """
 
   tokens: jax.Array
@@ -40,6 +41,7 @@ class Batch:
   doc: jax.Array
   pos: jax.Array
   response: jax.Array
+  weight: jax.Array | None = None
 
 
 def _stream(store: FeatureStore, heldout: bool):
@@ -88,15 +90,27 @@ class Windows:
         )
       stream = tuple(a[:max_positions] for a in stream)
     self.idx, self.doc, self.pos, self.resp = stream
+    self.weight = None  # loss weights (`weight_first`); None: every position alike
     self.n_windows = max(len(self.idx) // seq_len, 1)
+
+  def _opening(self, n: int) -> np.ndarray:
+    """Positions whose next token is one of its response's first n tokens."""
+    return self.resp & (self.pos + 1 - self.store.prompt_lens[self.doc] < n)
 
   def first_response_tokens(self, n: int) -> Windows:
     """The same windows with only each response's first n tokens scored: a position's response
     flag stays set when its next token is one of them (decoding a few dozen tokens sees these,
     whose held-out agreement is well below that of later ones)."""
     early = copy.copy(self)
-    early.resp = self.resp & (self.pos + 1 - self.store.prompt_lens[self.doc] < n)
+    early.resp = self._opening(n)
     return early
+
+  def weight_first(self, n: int, w: float) -> Windows:
+    """The same windows with the loss terms of each response's first n tokens weighted w against
+    1 for later ones: training leans towards the openings that short decodes see."""
+    weighted = copy.copy(self)
+    weighted.weight = np.where(self._opening(n), np.float32(w), np.float32(1.0))
+    return weighted
 
   @property
   def n_positions(self) -> int:
@@ -114,6 +128,8 @@ class Windows:
       "pos": pad(self.pos[sl], 0),
       "response": pad(self.resp[sl], False),
     }
+    if self.weight is not None:
+      out["weight"] = pad(self.weight[sl], 0.0)
     if self.with_layers:
       lay = self.store.layers[:, self.idx[sl]].astype(np.float32)
       out["layers"] = np.concatenate([lay, np.zeros((lay.shape[0], T - n, lay.shape[2]))], 1)
@@ -124,7 +140,13 @@ class Windows:
     stack = {k: np.stack([w[k] for w in ws]) for k in ws[0]}
     layers = np.moveaxis(stack["layers"], 1, 0).astype(np.float32) if self.with_layers else None
     return Batch(
-      stack["tokens"], stack["hidden"], layers, stack["doc"], stack["pos"], stack["response"]
+      stack["tokens"],
+      stack["hidden"],
+      layers,
+      stack["doc"],
+      stack["pos"],
+      stack["response"],
+      stack.get("weight"),
     )
 
 

@@ -49,6 +49,8 @@ class TrainSettings:
     eval_first: also score the same windows on each response's first N tokens alone (metrics
       `first_top1*` and `first_simulated_tau`; 0: not). The kept state is still chosen by the
       metric over every response position.
+    first_weight: loss weight of each response's first `eval_first` tokens against 1 for later
+      ones (1.0: every response token alike).
   """
 
   steps: int = 1000
@@ -65,6 +67,14 @@ class TrainSettings:
   save_every: int = 100
   eval_windows: int = 16
   eval_first: int = 0
+  first_weight: float = 1.0
+
+  def __post_init__(self):
+    if self.first_weight != 1.0 and self.eval_first <= 0:
+      raise ValueError(
+        "train.first_weight weights each response's first train.eval_first tokens; set "
+        "train.eval_first > 0 (64 in the corpus configs) or train.first_weight = 1.0"
+      )
 
 
 @jax.tree_util.register_dataclass

@@ -21,6 +21,13 @@ def same_doc(batch: Batch, k: int) -> jax.Array:
   return (ahead(batch.doc, k, -1) == batch.doc) & (batch.doc >= 0)
 
 
+def scored(batch: Batch, d: int, r: int) -> jax.Array:
+  """[B, T] float32 weight of position t's loss term: 0 unless position t + d is in t's document
+  and response[t + r] is set (x_{t+r+1} is a response token), else the batch's weight at t + r."""
+  mask = (same_doc(batch, d) & ahead(batch.response, r, False)).astype(jnp.float32)
+  return mask if batch.weight is None else mask * ahead(batch.weight, r, 0.0)
+
+
 def doc_causal_mask(doc: jax.Array) -> jax.Array:
   """[B, T, T] causal attention that stays inside each document."""
   T = doc.shape[1]

@@ -41,6 +41,7 @@ from train.losses import (
   entropy,
   masked_mean,
   same_doc,
+  scored,
   smooth_l1,
   soft_cross_entropy,
   target_logp,
@@ -102,8 +103,7 @@ class DraftLMObjective:
   def loss(self, trainable, frozen, batch: Batch):
     logits = self.logits(trainable, frozen, batch)
     tlogp = target_logp(batch.hidden, frozen["head"])
-    mask = batch.response & (batch.doc >= 0)
-    ce, kl = _kl_terms(logits, tlogp, mask)
+    ce, kl = _kl_terms(logits, tlogp, scored(batch, 0, 0))
     return ce, {"kl": kl}
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
@@ -155,8 +155,7 @@ class MedusaObjective:
     logits = medusa_logits(self._params(trainable, frozen), batch.hidden)  # [B, T, K, Vd]
     total, aux = 0.0, {}
     for k in range(self.n_heads):
-      mask = same_doc(batch, k + 1) & ahead(batch.response, k + 1, False)
-      ce, kl = _kl_terms(logits[:, :, k], ahead(tlogp, k + 1), mask)
+      ce, kl = _kl_terms(logits[:, :, k], ahead(tlogp, k + 1), scored(batch, k + 1, k + 1))
       total = total + self.decay**k * ce
       aux[f"kl_{k}"] = kl
     return total, aux
@@ -289,7 +288,7 @@ class EagleObjective:
     tlogp = target_logp(batch.hidden, frozen["head"])
     total, aux = 0.0, {}
     for j, o in enumerate(self.unroll(trainable, frozen, batch), 1):
-      mask = same_doc(batch, j) & ahead(batch.response, j, False)
+      mask = scored(batch, j, j)
       ce, kl = _kl_terms(head_logits(p, o, self.cfg.norm_eps), ahead(tlogp, j), mask)
       step_loss = self.w_cls * ce
       if self.w_reg:
@@ -400,8 +399,7 @@ class PardObjective:
     tlogp = target_logp(batch.hidden, frozen["head"])
     total, aux = 0.0, {}
     for j in range(1, self.k):  # depth 1 is the frozen draft LM's
-      mask = same_doc(batch, j) & ahead(batch.response, j, False)
-      ce, kl = _kl_terms(logits[:, j], ahead(tlogp, j), mask)
+      ce, kl = _kl_terms(logits[:, j], ahead(tlogp, j), scored(batch, j, j))
       total = total + self.decay ** (j - 1) * ce
       aux[f"kl_{j + 1}"] = kl
     return total, aux
@@ -495,7 +493,7 @@ class PEagleObjective:
     tlogp = target_logp(batch.hidden, frozen["head"])
     total, aux = 0.0, {}
     for j in range(1, self.k):  # depth 1 is the frozen head's: nothing of it trains
-      mask = same_doc(batch, j + 1) & ahead(batch.response, j + 1, False)
+      mask = scored(batch, j + 1, j + 1)
       ce, kl = _kl_terms(head_logits(e, o[:, j], self.cfg.norm_eps), ahead(tlogp, j + 1), mask)
       total = total + self.decay ** (j - 1) * ce
       aux[f"kl_{j + 1}"] = kl

@@ -497,6 +497,8 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     train_w = Windows(
       store, s.train.seq_len, False, with_layers, max_positions=s.data.train_positions or None
     )
+    if s.train.first_weight != 1.0:
+      train_w = train_w.weight_first(s.train.eval_first, s.train.first_weight)
     eval_w = Windows(store, s.train.seq_len, heldout=True, with_layers=with_layers)
     log(
       f"{objective.name}: {train_w.n_positions} training positions ({train_w.n_windows} windows), "
