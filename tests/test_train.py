@@ -581,7 +581,6 @@ def test_first_response_tokens_scores_only_each_responses_opening(tiny):
   assert ev["first_eval_positions"] < ev["eval_positions"]
 
 
-
 @pytest.mark.parametrize("name", ["train_medusa", "train_eagle3"])
 def test_weight_first_leans_the_loss_towards_each_responses_opening(tiny, name):
   """weight_first(n, w): weight w on the positions first_response_tokens(n) scores, 1 elsewhere;
@@ -605,6 +604,7 @@ def test_weight_first_leans_the_loss_towards_each_responses_opening(tiny, name):
   config.train.first_weight, config.train.eval_first = 2.0, 0
   with pytest.raises(ValueError, match="eval_first"):
     pipeline.settings_from_config(config)
+
 
 def _tiny_corpus(params, cfg, path: str, fingerprint: str) -> None:
   """A packed corpus of 12 documents the tiny target wrote (2 held out)."""
