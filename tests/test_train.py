@@ -329,6 +329,22 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
     )
 
 
+def test_medusa_heads_continue_from_shipped_ones(tiny, ship):
+  root, params, cfg = tiny[:3]
+  ship("medusa")
+  shipped = load_shipped("tiny-medusa", params, cfg, str(root / "shipped"))
+  config = tiny_config("train_medusa", root, init_from="tiny-medusa")
+  objective = pipeline.make_objective(dict(config.objective), cfg)
+  d2t = np.asarray(shipped.params.d2t)
+  trainable, _ = objective.init(None, params, cfg, d2t, str(root / "shipped"))
+  np.testing.assert_array_equal(trainable["w"], np.asarray(shipped.params.w, np.float32))
+  np.testing.assert_array_equal(trainable["b"], np.asarray(shipped.params.b, np.float32))
+  assert np.abs(trainable["w"]).sum() > 0  # trained heads, not the identity initialisation
+  fewer = pipeline.make_objective({**dict(config.objective), "n_heads": 2}, cfg)
+  with pytest.raises(ValueError, match="heads"):
+    fewer.init(None, params, cfg, d2t, str(root / "shipped"))
+
+
 def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_path):
   root = tiny[0]
   config = tiny_config("train_peagle", root, base="")

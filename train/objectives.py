@@ -129,11 +129,14 @@ class MedusaObjective:
     n_heads: K.
     decay: head k's loss weight is decay ** k (0.8 in Medusa).
     vocab_size: the target's V.
+    init_from: shipped Medusa heads whose weights start the training (training continued on other
+      data); their draft vocabulary must be the run's (`train.pipeline` takes it from them).
   """
 
   n_heads: int
   vocab_size: int
   decay: float = 0.8
+  init_from: str = ""
   name = "medusa"
 
   def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
@@ -143,6 +146,14 @@ class MedusaObjective:
       "w": jnp.zeros((self.n_heads, D, D), jnp.float32),
       "b": jnp.zeros((self.n_heads, D), jnp.float32),
     }
+    if self.init_from:
+      p = warm_start(self.init_from, "medusa", target, tcfg, d2t, shipped_dir).params
+      if p.w.shape != trainable["w"].shape:
+        raise ValueError(
+          f"objective.init_from={self.init_from!r} has {p.w.shape[0]} heads of width "
+          f"{p.w.shape[-1]}; this objective {self.n_heads} of {D}"
+        )
+      trainable = {"w": jnp.asarray(p.w, jnp.float32), "b": jnp.asarray(p.b, jnp.float32)}
     frozen = _frozen(target, d2t)
     del frozen["embed"]
     return trainable, frozen

@@ -117,7 +117,9 @@ def draft_lm_objective(o: dict, tcfg: ModelConfig):
 
 
 def medusa_objective(o: dict, tcfg: ModelConfig):
-  return objectives.MedusaObjective(o["n_heads"], tcfg.vocab_size, o.get("decay", 0.8))
+  return objectives.MedusaObjective(
+    o["n_heads"], tcfg.vocab_size, o.get("decay", 0.8), o.get("init_from", "")
+  )
 
 
 def pard_objective(o: dict, tcfg: ModelConfig):
