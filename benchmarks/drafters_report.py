@@ -22,12 +22,14 @@ first turns and GSM8K train questions, `--per_category` of each): the drafters' 
 so the gap to Spec-Bench separates drafter quality from distribution shift.
 
 Every speculative output is checked against the AR output (`same as AR`). Per-prompt records go to
-WORKDIR/records.jsonl and a rerun resumes. Timings on a shared CPU are noisy; the script prints
-the machine's load average next to them.
+WORKDIR/records.jsonl and a rerun resumes; each cost line is also appended to WORKDIR/costs.jsonl
+(with the time and load average), so a lost terminal capture loses nothing. Timings on a shared
+CPU are noisy; the script prints the machine's load average next to them.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import time
@@ -164,6 +166,10 @@ def main(argv):
       f"| {n}{tag[w]} | {s.kind} | {kn} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
       f"| {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
     )
+    os.makedirs(_WORKDIR.value, exist_ok=True)
+    with open(os.path.join(_WORKDIR.value, "costs.jsonl"), "a") as f:
+      line = {"drafter": n, "k": kn, "weights": w, **cst, "load": os.getloadavg()[0]}
+      f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **line}) + "\n")
   methods = [
     Method(f"{n}_k{kn}{tag[w]}", shipped[n, w].drafter(kn), shipped[n, w].params)
     for n, kn, w in runs
