@@ -345,6 +345,36 @@ def test_medusa_heads_continue_from_shipped_ones(tiny, ship):
     fewer.init(None, params, cfg, d2t, str(root / "shipped"))
 
 
+def test_peagle_warm_starts_from_a_shipped_mask_path_over_a_changed_base(tiny, ship, tmp_path):
+  """objective.init_from copies a shipped P-EAGLE's mask layer and embeddings, even when the base
+  it was trained over has since changed (its pinned sha256 no longer matches)."""
+  root, params, cfg = tiny[:3]
+  ship("peagle")
+  shipped_dir = tmp_path / "shipped"
+  shutil.copytree(root / "shipped", shipped_dir)
+  meta = json.loads((shipped_dir / "tiny-peagle.json").read_text())
+  old = load_shipped("tiny-peagle", params, cfg, str(shipped_dir))
+  meta["base"]["sha256"] = "0" * 64  # as if tiny-eagle3 had been retrained since
+  (shipped_dir / "tiny-peagle.json").write_text(json.dumps(meta))
+  with pytest.raises(ShippedDrafterError, match="retrain"):
+    load_shipped("tiny-peagle", params, cfg, str(shipped_dir))
+  config = tiny_config("train_peagle", root, init_from="tiny-peagle")
+  objective = pipeline.make_objective(dict(config.objective), cfg)
+  d2t = np.asarray(old.params.eagle.d2t)
+  trainable, frozen = objective.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+  start = objective.params(trainable, frozen)
+  np.testing.assert_array_equal(start.mask_embed, old.params.mask_embed)
+  for a, b in zip(jax.tree.leaves(start.mask_layer), jax.tree.leaves(old.params.mask_layer)):
+    np.testing.assert_array_equal(a, b)
+  fresh, _ = pipeline.make_objective({**dict(config.objective), "init_from": ""}, cfg).init(
+    jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir)
+  )
+  assert not np.array_equal(fresh["mask_embed"], trainable["mask_embed"])  # trained, not initial
+  deeper = pipeline.make_objective({**dict(config.objective), "k": 4}, cfg)
+  with pytest.raises(ValueError, match="mask shapes"):
+    deeper.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+
+
 def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_path):
   root = tiny[0]
   config = tiny_config("train_peagle", root, base="")

@@ -452,6 +452,9 @@ class PEagleObjective:
       shipped again); "" starts from `EagleObjective`'s initialisation and cannot be shipped.
     init_layer: without a base, the target layer that initialises the head (-1 random).
     decay: depth j + 1's loss weight is decay ** (j - 1).
+    init_from: a shipped P-EAGLE drafter whose mask layer and mask embeddings start the training
+      (its base may since have changed: retraining over a continued base), instead of the base's
+      layer and the mean embedding.
   """
 
   cfg: ModelConfig
@@ -461,6 +464,7 @@ class PEagleObjective:
   base: str = ""
   init_layer: int = -1
   decay: float = 0.8
+  init_from: str = ""
   name = "peagle"
 
   def _eagle(self) -> EagleObjective:
@@ -482,7 +486,32 @@ class PEagleObjective:
       eagle = {k: getattr(shipped.params, k) for k in eagle}
     frozen = {**frozen, "eagle": eagle}
     trainable = {"mask_layer": eagle["layer"], "mask_embed": mask_embeddings(frozen, self.k)}
+    if self.init_from:
+      trainable = self._mask_path_of(self.init_from, trainable, tcfg, d2t, shipped_dir)
     return trainable, frozen
+
+  def _mask_path_of(self, name: str, like: dict, tcfg: ModelConfig, d2t, shipped_dir: str):
+    """The mask layer and embeddings of shipped P-EAGLE `name`, checked against `like`'s shapes
+    and this run's draft vocabulary."""
+    from specjax.drafters.registry import layer_params
+    from specjax.drafters.shipped import SHIPPED_DIR, own_tensors
+
+    meta, t = own_tensors(name, tcfg, shipped_dir or SHIPPED_DIR)
+    if meta["kind"] != self.name:
+      raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not peagle")
+    if not np.array_equal(t["d2t"], np.asarray(d2t)):
+      raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
+    start = {
+      "mask_layer": layer_params(t, "mask_layer"),
+      "mask_embed": jnp.asarray(t["mask_embed"]),
+    }
+    got = jax.tree.map(jnp.shape, start)
+    if got != jax.tree.map(jnp.shape, like):
+      raise ValueError(
+        f"objective.init_from={name!r} has mask shapes {got}, this objective "
+        f"{jax.tree.map(jnp.shape, like)} (k={self.k})"
+      )
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), start)
 
   def params(self, trainable, frozen) -> PEagleParams:
     eagle = self._eagle().params(frozen["eagle"], frozen)

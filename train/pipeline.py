@@ -142,6 +142,7 @@ def peagle_objective(o: dict, tcfg: ModelConfig):
     base=o.get("base", ""),
     init_layer=o.get("init_layer", -1),
     decay=o.get("decay", 0.8),
+    init_from=o.get("init_from", ""),
   )
 
 

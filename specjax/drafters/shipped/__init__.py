@@ -117,6 +117,13 @@ def _verified_tensors(meta: dict, directory: str, target_cfg: ModelConfig) -> di
   return tensors
 
 
+def own_tensors(name: str, target_cfg: ModelConfig, directory: str = SHIPPED_DIR) -> tuple:
+  """(metadata, tensors) of shipped drafter `name`'s own file, checksum and shapes verified, without
+  the drafter it extends: what a retraining over a changed base warm-starts from."""
+  meta = read_metadata(name, directory)
+  return meta, _verified_tensors(meta, directory, target_cfg)
+
+
 WEIGHTS_DTYPES = ("float32", "bfloat16")
 
 
