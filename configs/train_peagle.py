@@ -2,6 +2,9 @@
 (`eagle3-smollm2-135m`, fused target layers 2, 15 and 27, frozen) extended by a mask layer that
 drafts depths 2..8 in one pass from per-depth mask pairs (`specjax.drafters.peagle`), on the
 committed self-distilled corpus (`train/corpora/smollm2-sd-v2.npz`, shared feature cache).
+P-EAGLE pins its base's sha256, so it is retrained whenever the EAGLE-3 head changes; the
+retraining starts from the shipped P-EAGLE's mask path (`objective.init_from`), and
+`--config.objective.init_from=` starts it from the base's layer instead.
 
 Commands (from the repository root):
 
@@ -21,6 +24,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.objective.k = 8
   config.objective.fuse_layers = config.data.features.hidden_layers
   config.objective.base = "eagle3-smollm2-135m"  # frozen; only the mask path trains
+  # Start from the shipped P-EAGLE's mask path (trained over the base's earlier version) rather
+  # than the base's layer: a retraining after the base was continued starts close to done.
+  config.objective.init_from = "peagle-smollm2-135m"
   config.train.steps = 120  # ~0.1 epoch at ~5.6 s/step on 2 cores (one session's CPU budget)
   config.train.lr = 1e-3
   config.train.batch_size = 4
@@ -34,4 +40,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.objective.k = 3
     config.objective.fuse_layers = (0, 1)
     config.objective.base = "tiny-eagle3"  # tests ship it first
+    config.objective.init_from = ""
   return config
