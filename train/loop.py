@@ -50,7 +50,7 @@ class TrainSettings:
       `first_top1*` and `first_simulated_tau`; 0: not). The kept state is still chosen by the
       metric over every response position.
     first_weight: loss weight of each response's first `eval_first` tokens against 1 for later
-      ones (1.0: every response token alike).
+      ones (1.0: every response token alike); the logged per-step KL terms are weighted alike.
   """
 
   steps: int = 1000
