@@ -37,4 +37,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if arg != "tiny":
     config.objective.init_from = "medusa4-smollm2-135m"
     config.train.lr = 1e-3
+    config.train.data_start = 450  # the shipped heads read steps 0-449 of v2's data order
   return apply_variant(config, arg)

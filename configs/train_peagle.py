@@ -35,10 +35,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.train.eval_every = 40
   config.train.eval_windows = 32
   config.ship.name = "peagle-smollm2-135m"
+  # The shipped mask path read steps 0-119 of seed 0's data order (120 steps from the base's
+  # layer, then 60 warm-started); a retraining reads on from there.
+  config.train.data_start = 120
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.k = 3
     config.objective.fuse_layers = (0, 1)
     config.objective.base = "tiny-eagle3"  # tests ship it first
     config.objective.init_from = ""
+    config.train.data_start = 0
   return config

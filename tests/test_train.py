@@ -5,6 +5,7 @@ the training data. Everything runs on a tiny random Llama target except the data
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -124,6 +125,8 @@ def test_data_order_is_a_pure_function_of_the_step(tiny):
   assert all((a == step_windows(n, B, 0, s)).all() for s, a in enumerate(first))
   assert len(np.unique(np.concatenate(first))) == (n // B) * B  # no repeats inside an epoch
   assert not (step_windows(n, B, 1, 0) == first[0]).all()  # the seed matters
+  with pytest.raises(ValueError, match="data_start"):
+    pipeline.TrainSettings(data_start=-1)
   b = w.batch(first[0])
   assert isinstance(b, Batch) and b.tokens.shape == (B, 32) and b.hidden.shape == (B, 32, 32)
   # Positions restart at every document boundary and count up inside a document.
@@ -318,11 +321,22 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   config.train.update({"steps": 2, "save_every": 1000})
   config.ship.update({"name": "tiny-eagle3-continued", "dir": str(tmp_path / "shipped")})
   shutil.copytree(root / "shipped", tmp_path / "shipped")
-  meta = pipeline.run(config, str(tmp_path / "w"), lambda _: None)[4]
+  logs = []
+  meta = pipeline.run(config, str(tmp_path / "w"), logs.append)[4]
   np.testing.assert_array_equal(np.load(tmp_path / "w" / "d2t.npy"), d2t)
   start = meta["continued_from"]  # what it started from is recorded with the drafter
   assert (start["name"], start["sha256"]) == ("tiny-eagle3", shipped.metadata["sha256"])
   assert start["training"]["steps"] == 40 and start["heldout"]["simulated_tau"] > 1
+  # It re-read the windows of the head's 40 steps (data_start 0): the run says so, and how to not.
+  assert any("steps 0-39 of this data order" in m and "data_start=40" in m for m in logs), logs
+  s = pipeline.settings_from_config(config).train
+  manifest = shipped.metadata["data"]
+  assert pipeline.reread_note(shipped.metadata, manifest, s) is not None
+  assert (
+    pipeline.reread_note(shipped.metadata, manifest, dataclasses.replace(s, data_start=40)) is None
+  )
+  other_order = dataclasses.replace(s, seed=1)  # another data order: no claim about overlap
+  assert pipeline.reread_note(shipped.metadata, manifest, other_order) is None
   with pytest.raises(ValueError, match="fuses differently"):
     pipeline.make_objective({**dict(config.objective), "fuse_norm": False}, cfg).init(
       jax.random.PRNGKey(1), params, cfg, d2t, str(root / "shipped")

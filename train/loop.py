@@ -1,8 +1,9 @@
 """The training loop: optax updates of the trainable pytree only, resumable from orbax checkpoints.
 
-`train` is deterministic given its inputs: batch s is a pure function of (seed, s) and nothing else
-is random, so a run stopped at any moment (even by SIGKILL) and restarted in the same work directory
-restores the last checkpoint and reproduces the loss curve an uninterrupted run would have drawn.
+`train` is deterministic given its inputs: batch s is a pure function of (seed, data_start + s) and
+nothing else is random, so a run stopped at any moment (even by SIGKILL) and restarted in the same
+work directory restores the last checkpoint and reproduces the loss curve an uninterrupted run
+would have drawn.
 Per-step metrics go to `metrics.jsonl` (one JSON object per line); a resumed run first cuts the file
 back to the restored step (the steps after it are redone, so each step keeps one record) and then
 appends. A progress line (step, loss, tokens/s, ETA) is logged.
@@ -42,6 +43,9 @@ class TrainSettings:
     weight_decay: AdamW decay.
     clip: global gradient-norm clip.
     seed: data-order seed.
+    data_start: the step of the data order that this run's step 0 reads. A run that continues a
+      trained head (`objective.init_from`) sets it past the steps that head trained on, so that it
+      reads windows the head has not seen.
     log_every: steps between progress lines.
     eval_every: steps between held-out evaluations (0: only at the end).
     save_every: steps between checkpoints.
@@ -62,6 +66,7 @@ class TrainSettings:
   weight_decay: float = 0.0
   clip: float = 1.0
   seed: int = 0
+  data_start: int = 0
   log_every: int = 10
   eval_every: int = 0
   save_every: int = 100
@@ -70,6 +75,8 @@ class TrainSettings:
   first_weight: float = 1.0
 
   def __post_init__(self):
+    if self.data_start < 0:
+      raise ValueError(f"train.data_start must be >= 0, got {self.data_start}")
     if self.first_weight != 1.0 and self.eval_first <= 0:
       raise ValueError(
         "train.first_weight weights each response's first train.eval_first tokens; set "
@@ -308,7 +315,9 @@ def train(
   t0, tokens_seen = time.time(), 0
   try:
     for s in range(start, last):
-      ids = step_windows(train_windows.n_windows, settings.batch_size, settings.seed, s)
+      ids = step_windows(
+        train_windows.n_windows, settings.batch_size, settings.seed, settings.data_start + s
+      )
       batch = train_windows.batch(ids)
       t_step = time.time()
       state, m = step_fn(state, frozen, batch)

@@ -397,6 +397,7 @@ def check_workdir(workdir: str, s: RunSettings, manifest: dict) -> None:
     "draft_vocab": s.data.draft_vocab,
     "vocab_sharegpt_chars": s.data.vocab_sharegpt_chars,
     "seed": s.train.seed,
+    "data_start": s.train.data_start,
   }
   path = os.path.join(workdir, RUN_FILE)
   hint = f"use another --workdir, or delete {workdir} to start this run afresh"
@@ -458,6 +459,27 @@ def train_seconds(metrics_path: str) -> float:
   return float(sum(per_step.values()))
 
 
+def reread_note(old: dict, manifest: dict, t: TrainSettings) -> str | None:
+  """A note when this run's data order repeats steps that `old` (the metadata of the shipped head
+  it continues) trained on: same data, seed, batch size and window length, overlapping steps.
+  None when it reads only windows the head has not seen, or when the two orders differ."""
+  data, was = old.get("data") or {}, old.get("training") or {}
+  keys = ("target_weights", "corpus", "recipe", "spec")
+  if any(data.get(k) != manifest.get(k) for k in keys):
+    return None
+  if any(was.get(k) != getattr(t, k) for k in ("seed", "batch_size", "seq_len")):
+    return None
+  lo = int(was.get("data_start", 0))
+  hi = lo + int(was.get("steps", 0))
+  if t.data_start >= hi or t.data_start + t.steps <= lo:
+    return None
+  return (
+    f"note: {old.get('name')} trained on steps {lo}-{hi - 1} of this data order; this run reads "
+    f"steps {t.data_start}-{t.data_start + t.steps - 1}, so it repeats windows that head has seen. "
+    f"Set train.data_start={hi} to read new ones."
+  )
+
+
 def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: int | None = None):
   """Trains the configured drafter in `workdir` (resuming if possible) and ships it if asked.
 
@@ -507,6 +529,12 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
       f"{objective.name}: {train_w.n_positions} training positions ({train_w.n_windows} windows), "
       f"{eval_w.n_positions} held-out; draft vocabulary {len(d2t)}"
     )
+    if s.objective.get("init_from"):
+      from specjax.drafters.shipped import read_metadata
+
+      note = reread_note(read_metadata(s.objective["init_from"], s.ship_dir), manifest, s.train)
+      if note:
+        log(note)
     t0 = time.time()
     trainable, heldout = train(
       objective, trainable, frozen, train_w, eval_w, s.train, workdir, log, stop_after

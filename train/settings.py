@@ -102,6 +102,7 @@ def base_config() -> ml_collections.ConfigDict:
       weight_decay=0.0,
       clip=1.0,
       seed=0,
+      data_start=0,  # the data order's step that step 0 reads (continuations: past the old head's)
       log_every=10,
       eval_every=0,
       save_every=50,
