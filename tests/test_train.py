@@ -328,7 +328,7 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   assert (start["name"], start["sha256"]) == ("tiny-eagle3", shipped.metadata["sha256"])
   assert start["training"]["steps"] == 40 and start["heldout"]["simulated_tau"] > 1
   # It re-read the windows of the head's 40 steps (data_start 0): the run says so, and how to not.
-  assert any("steps 0-39 of this data order" in m and "data_start=40" in m for m in logs), logs
+  assert any("steps 0-39 of this data" in m and "data_start=40" in m for m in logs), logs
   s = pipeline.settings_from_config(config).train
   manifest = shipped.metadata["data"]
   assert pipeline.reread_note(shipped.metadata, manifest, s) is not None
@@ -337,6 +337,12 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   )
   other_order = dataclasses.replace(s, seed=1)  # another data order: no claim about overlap
   assert pipeline.reread_note(shipped.metadata, manifest, other_order) is None
+  # A head continued from one that read steps 0-39 and read 40-59 itself: both ranges count.
+  twice = {**meta, "training": {**meta["training"], "data_start": 40, "steps": 20}}
+  twice["continued_from"] = shipped.metadata
+  note = pipeline.reread_note(twice, manifest, dataclasses.replace(s, data_start=50, steps=5))
+  assert note is not None and "0-39, 40-59" in note and "data_start=60" in note
+  assert pipeline.reread_note(twice, manifest, dataclasses.replace(s, data_start=60)) is None
   with pytest.raises(ValueError, match="fuses differently"):
     pipeline.make_objective({**dict(config.objective), "fuse_norm": False}, cfg).init(
       jax.random.PRNGKey(1), params, cfg, d2t, str(root / "shipped")

@@ -460,23 +460,27 @@ def train_seconds(metrics_path: str) -> float:
 
 
 def reread_note(old: dict, manifest: dict, t: TrainSettings) -> str | None:
-  """A note when this run's data order repeats steps that `old` (the metadata of the shipped head
-  it continues) trained on: same data, seed, batch size and window length, overlapping steps.
-  None when it reads only windows the head has not seen, or when the two orders differ."""
-  data, was = old.get("data") or {}, old.get("training") or {}
-  keys = ("target_weights", "corpus", "recipe", "spec")
-  if any(data.get(k) != manifest.get(k) for k in keys):
+  """A note when this run's data order repeats steps that the shipped head it continues (`old`, its
+  metadata) trained on, or the head that one continued (`old["continued_from"]`): same data, seed,
+  batch size and window length, overlapping steps. None when the run reads only windows they have
+  not seen, or when their orders differ from this run's."""
+  seen = []
+  for m in (old, old.get("continued_from") or {}):
+    data, was = m.get("data") or {}, m.get("training") or {}
+    keys = ("target_weights", "corpus", "recipe", "spec")
+    if not was or any(data.get(k) != manifest.get(k) for k in keys):
+      continue
+    if any(was.get(k) != getattr(t, k) for k in ("seed", "batch_size", "seq_len")):
+      continue
+    lo = int(was.get("data_start", 0))
+    seen.append((lo, lo + int(was.get("steps", 0))))
+  if not any(t.data_start < hi and lo < t.data_start + t.steps for lo, hi in seen):
     return None
-  if any(was.get(k) != getattr(t, k) for k in ("seed", "batch_size", "seq_len")):
-    return None
-  lo = int(was.get("data_start", 0))
-  hi = lo + int(was.get("steps", 0))
-  if t.data_start >= hi or t.data_start + t.steps <= lo:
-    return None
+  ranges = ", ".join(f"{lo}-{hi - 1}" for lo, hi in sorted(seen) if hi > lo)
   return (
-    f"note: {old.get('name')} trained on steps {lo}-{hi - 1} of this data order; this run reads "
-    f"steps {t.data_start}-{t.data_start + t.steps - 1}, so it repeats windows that head has seen. "
-    f"Set train.data_start={hi} to read new ones."
+    f"note: {old.get('name')} (and what it continued) trained on steps {ranges} of this data "
+    f"order; this run reads steps {t.data_start}-{t.data_start + t.steps - 1}, so it repeats "
+    f"windows seen before. Set train.data_start={max(hi for _, hi in seen)} to read new ones."
   )
 
 
