@@ -2,14 +2,15 @@
 own reduced-vocabulary head, and trains with a 3-step training-time test (unrolled on its own
 outputs), on the committed self-distilled corpus (`train/corpora/smollm2-sd-v2.npz`).
 
-The shipped head was trained in four stages: 1,200 steps from scratch on the first corpus (v1,
-1.0M response tokens of ShareGPT and GSM8K answers), then this config three times, each run
+The shipped head was trained in five stages: 1,200 steps from scratch on the first corpus (v1,
+1.0M response tokens of ShareGPT and GSM8K answers), then this config four times, each run
 continuing the head shipped before it (`objective.init_from`, keeping its draft vocabulary) on v2
 (v1 plus task-shaped prompts: summarisation, retrieval-augmented QA, translation, short
-questions; `train/task_prompts.py`): 400 steps, 600, and 600 with each response's first 64 tokens
-weighted 4x in the loss (`train.first_weight`). Those three runs all read the same first 600 steps
-of the data order (seed 0), ~0.28 epoch of v2; the default now continues past them
-(`train.data_start`, 600), so a run reads windows the shipped head has not seen.
+questions; `train/task_prompts.py`): 400 steps, 600, 600 with each response's first 64 tokens
+weighted 4x in the loss (`train.first_weight`), and 600 more so weighted. The first three runs
+all read the same first 600 steps of the data order (seed 0); the fourth read steps 600-1199
+(`train.data_start`), windows the head had not seen, and gained more than any run before it.
+Together they read ~0.55 epoch of v2; the default reads on from step 1200.
 `:scratch` trains a head from random weights on v2 with the first stage's settings.
 
 The first run reads the corpus's documents through the target once (~4M positions; resumable)
@@ -48,10 +49,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The loss leans towards each response's opening (first eval_first = 64 tokens, weight 4): the
   # benchmarks decode 64 tokens, and openings are the hardest positions to draft.
   config.train.update(dict(steps=600, lr=1e-3, warmup=50, first_weight=4.0))
-  # Steps 0-599 of seed 0's data order are what the shipped head's runs read; read on from there.
+  # Steps 0-1199 of seed 0's data order are what the shipped head's runs read; read on from there.
   # (Raise this by the run's steps for the next continuation: the pipeline logs a note when a
   # continuation repeats its head's steps.)
-  config.train.data_start = 600
+  config.train.data_start = 1200
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.fuse_layers = (0, 1)
