@@ -195,6 +195,19 @@ def test_a_workdir_is_not_resumed_by_another_run(targets, tmp_path):
   lines = []
   pipeline.run(longer, work, lines.append)
   assert "resumed from step 2" in lines
+  shifted = small_config(a, tmp_path / "fa")
+  shifted.train.data_start = 5  # another place in the data order is another run
+  with pytest.raises(CacheError, match=r"data_start: cached 0, wanted 5"):
+    pipeline.run(shifted, work, lambda _: None)
+  # A work directory recorded before train.data_start existed read the order from step 0.
+  with open(os.path.join(work, "run.json")) as f:
+    record = json.load(f)
+  del record["data_start"]
+  with open(os.path.join(work, "run.json"), "w") as f:
+    json.dump(record, f)
+  pipeline.run(longer, work, lambda _: None)
+  with pytest.raises(CacheError, match=r"data_start: cached 0, wanted 5"):
+    pipeline.run(shifted, work, lambda _: None)
   os.remove(os.path.join(work, "run.json"))
   with pytest.raises(CacheError, match="holds checkpoints and d2t.npy but no run.json"):
     pipeline.run(longer, work, lambda _: None)

@@ -404,6 +404,8 @@ def check_workdir(workdir: str, s: RunSettings, manifest: dict) -> None:
   if os.path.exists(path):
     with open(path) as f:
       have = json.load(f)
+    # A work directory recorded before train.data_start existed read the order from step 0.
+    have = {"data_start": 0, **have}
     diff = differences({k: have.get(k, "<absent>") for k in wanted}, wanted)
     if diff:
       raise CacheError(
