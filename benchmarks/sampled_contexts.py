@@ -14,6 +14,8 @@ each:
     evaluation; `tau_sampled` is the K = 4 chain's expected tokens per pass from them;
   * top1_step j: whether the head's top token is the target's (what greedy decoding accepts);
     `tau_greedy` likewise;
+  * target_entropy: the target's own entropy there (nats, at the temperature). Where it is higher,
+    no drafter can match the target as well, so part of a fall in alpha is intrinsic;
 over every response position and over each response's first 64 tokens.
 
   python benchmarks/sampled_contexts.py --docs=128 --max_new_tokens=128
@@ -80,7 +82,7 @@ def sampled_documents(params, cfg, docs, max_new, batch, temperature, seed, stop
 def agreement_fn(objective, temperature: float):
   """jit(trainable, frozen, full_head, batch) -> {metric: (sum, count)} per draft step j:
   alpha_j, the probability that the rule at `temperature` accepts step j's drafted token; top1_j,
-  whether the head's top token is the target's."""
+  whether the head's top token is the target's; and the target's entropy at step 1's positions."""
 
   def fn(trainable, frozen, full_head, batch):
     p = objective.params(trainable, frozen)
@@ -90,10 +92,14 @@ def agreement_fn(objective, temperature: float):
       q = jax.nn.softmax(logits / temperature, -1)
       # Step j at t drafts x_{t+j+1}, which the target scores from its state after x_{t+j}.
       target = jnp.einsum("btd,vd->btv", ahead(batch.hidden, j).astype(jnp.float32), full_head)
-      alpha = jnp.minimum(jax.nn.softmax(target / temperature, -1)[..., frozen["d2t"]], q).sum(-1)
+      logp = jax.nn.log_softmax(target / temperature, -1)
+      alpha = jnp.minimum(jnp.exp(logp)[..., frozen["d2t"]], q).sum(-1)
       top1 = frozen["d2t"][jnp.argmax(logits, -1)] == jnp.argmax(target, -1)
       mask = (same_doc(batch, j + 1) & ahead(batch.response, j, False)).astype(jnp.float32)
       out[f"alpha_{j}"] = (jnp.sum(alpha * mask), jnp.sum(mask))
+      if j == 1:  # how predictable the target itself is there: its entropy (nats)
+        entropy = -jnp.sum(jnp.exp(logp) * logp, -1)
+        out["target_entropy"] = (jnp.sum(entropy * mask), jnp.sum(mask))
       out[f"top1_step{j}"] = (jnp.sum(top1 * mask), jnp.sum(mask))
     return out
 
@@ -152,7 +158,7 @@ def main(_):
         "first": score(fn, trainable, frozen, full_head, w.first_response_tokens(_FIRST.value), 4),
       }
   steps = range(1, objective.steps + 1)
-  keys = [f"alpha_{j}" for j in steps] + ["tau_sampled"]
+  keys = ["target_entropy"] + [f"alpha_{j}" for j in steps] + ["tau_sampled"]
   keys += [f"top1_step{j}" for j in steps] + ["tau_greedy"]
   print(f"\n| context | positions | {' | '.join(keys)} |")
   print("|---|---:|" + "---:|" * len(keys))
