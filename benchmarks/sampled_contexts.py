@@ -80,13 +80,15 @@ def sampled_documents(params, cfg, docs, max_new, batch, temperature, seed, stop
 
 
 def agreement_fn(objective, temperature: float):
-  """jit(trainable, frozen, full_head, batch) -> {metric: (sum, count)} per draft step j:
-  alpha_j, the probability that the rule at `temperature` accepts step j's drafted token; top1_j,
-  whether the head's top token is the target's; and the target's entropy at step 1's positions."""
+  """jit(trainable, frozen, full_head, batch, responses) -> {part: {metric: (sum, count)}}, one
+  part per response mask in `responses` (the same windows scored on other positions), per draft
+  step j: alpha_j, the probability that the rule at `temperature` accepts step j's drafted token;
+  top1_j, whether the head's top token is the target's; and the target's entropy at step 1's
+  positions."""
 
-  def fn(trainable, frozen, full_head, batch):
+  def fn(trainable, frozen, full_head, batch, responses):
     p = objective.params(trainable, frozen)
-    out = {}
+    out = {part: {} for part in responses}
     for j, o in enumerate(objective.unroll(trainable, frozen, batch), 1):
       logits = head_logits(p, o, objective.cfg.norm_eps)
       q = jax.nn.softmax(logits / temperature, -1)
@@ -95,31 +97,39 @@ def agreement_fn(objective, temperature: float):
       logp = jax.nn.log_softmax(target / temperature, -1)
       alpha = jnp.minimum(jnp.exp(logp)[..., frozen["d2t"]], q).sum(-1)
       top1 = frozen["d2t"][jnp.argmax(logits, -1)] == jnp.argmax(target, -1)
-      mask = (same_doc(batch, j + 1) & ahead(batch.response, j, False)).astype(jnp.float32)
-      out[f"alpha_{j}"] = (jnp.sum(alpha * mask), jnp.sum(mask))
-      if j == 1:  # how predictable the target itself is there: its entropy (nats)
-        entropy = -jnp.sum(jnp.exp(logp) * logp, -1)
-        out["target_entropy"] = (jnp.sum(entropy * mask), jnp.sum(mask))
-      out[f"top1_step{j}"] = (jnp.sum(top1 * mask), jnp.sum(mask))
+      entropy = -jnp.sum(jnp.exp(logp) * logp, -1)  # how predictable the target itself is
+      for part, response in responses.items():
+        mask = (same_doc(batch, j + 1) & ahead(response, j, False)).astype(jnp.float32)
+        out[part][f"alpha_{j}"] = (jnp.sum(alpha * mask), jnp.sum(mask))
+        out[part][f"top1_step{j}"] = (jnp.sum(top1 * mask), jnp.sum(mask))
+        if j == 1:
+          out[part]["target_entropy"] = (jnp.sum(entropy * mask), jnp.sum(mask))
     return out
 
   return jax.jit(fn)
 
 
-def score(fn, trainable, frozen, full_head, windows: Windows, batch: int) -> dict:
-  """The metrics of `agreement_fn` over every window, with the K = 4 chain's simulated tau from
-  the greedy agreements (`tau_greedy`) and from the acceptance probabilities (`tau_sampled`)."""
-  sums: dict[str, np.ndarray] = {}
-  for lo in range(0, windows.n_windows, batch):
-    ids = np.arange(lo, min(lo + batch, windows.n_windows))
-    for k, (h, c) in fn(trainable, frozen, full_head, windows.batch(ids)).items():
-      sums[k] = sums.get(k, np.zeros(2)) + np.asarray([h, c], np.float64)
-  r = {k: float(h / max(c, 1.0)) for k, (h, c) in sums.items()}
-  r["positions"] = int(sums["top1_step1"][1])
-  r["tau_greedy"] = simulated_tau({k: v for k, v in r.items() if k.startswith("top1")})
-  alphas = {f"top1_step{k[6:]}": v for k, v in r.items() if k.startswith("alpha_")}
-  r["tau_sampled"] = simulated_tau(alphas)
-  return r
+def score(fn, trainable, frozen, full_head, parts: dict[str, Windows], batch: int) -> dict:
+  """{part: metrics} of `agreement_fn` over every window, one pass for all parts (the same windows
+  with different response flags), with the K = 4 chain's simulated tau from the greedy agreements
+  (`tau_greedy`) and from the acceptance probabilities (`tau_sampled`)."""
+  first = next(iter(parts.values()))
+  sums: dict[tuple[str, str], np.ndarray] = {}
+  for lo in range(0, first.n_windows, batch):
+    ids = np.arange(lo, min(lo + batch, first.n_windows))
+    responses = {part: w.batch(ids).response for part, w in parts.items()}
+    for part, metrics in fn(trainable, frozen, full_head, first.batch(ids), responses).items():
+      for k, (h, c) in metrics.items():
+        sums[part, k] = sums.get((part, k), np.zeros(2)) + np.asarray([h, c], np.float64)
+  out = {}
+  for part in parts:
+    r = {k: float(h / max(c, 1.0)) for (p, k), (h, c) in sums.items() if p == part}
+    r["positions"] = int(sums[part, "top1_step1"][1])
+    r["tau_greedy"] = simulated_tau({k: v for k, v in r.items() if k.startswith("top1")})
+    alphas = {f"top1_step{k[6:]}": v for k, v in r.items() if k.startswith("alpha_")}
+    r["tau_sampled"] = simulated_tau(alphas)
+    out[part] = r
+  return out
 
 
 def main(_):
@@ -153,10 +163,8 @@ def main(_):
       store = FeatureStore.open(out)
       seq = -(-max(len(d.tokens) for d in docs) // 64) * 64
       w = Windows(store, seq, heldout=True, with_layers=bool(layers))
-      rows[name] = {
-        "all": score(fn, trainable, frozen, full_head, w, 4),
-        "first": score(fn, trainable, frozen, full_head, w.first_response_tokens(_FIRST.value), 4),
-      }
+      parts = {"all": w, "first": w.first_response_tokens(_FIRST.value)}
+      rows[name] = score(fn, trainable, frozen, full_head, parts, 4)
   steps = range(1, objective.steps + 1)
   keys = ["target_entropy"] + [f"alpha_{j}" for j in steps] + ["tau_sampled"]
   keys += [f"top1_step{j}" for j in steps] + ["tau_greedy"]
