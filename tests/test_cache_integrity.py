@@ -322,14 +322,15 @@ def test_sole_writer_refuses_a_second_writer_until_the_first_is_gone(tmp_path):
 
 
 def test_a_second_process_cannot_extend_the_same_feature_cache(tmp_path):
-  """The read-through holds its directory; a second one fails at once with a message naming it
-  (two read-throughs of one cache once ran side by side)."""
+  """The read-through holds the cache's parent directory (its place, which a finished cache leaves
+  while it is extended); a second one fails at once with a message naming it (two read-throughs
+  of one cache once ran side by side)."""
   from train import teacher_forced
 
   params, cfg = tiny_model(0, vocab=64)
   docs = [teacher_forced.Document(tuple(range(4, 20)), 6, 0, False)]
   out = str(tmp_path / "packed")
-  with sole_writer(out + ".part", "a feature cache"):
+  with sole_writer(str(tmp_path), "a feature cache"):
     with pytest.raises(CacheError, match="writing a feature cache"):
       teacher_forced.build(docs, out, params, cfg, log=lambda _: None)
   teacher_forced.build(docs, out, params, cfg, log=lambda _: None)  # alone, it builds

@@ -30,10 +30,10 @@ from specjax.metrics import summarize
 from specjax.model import forward, lm_head
 from specjax.sampling import SamplingConfig
 from specjax.speculative import speculative_generate
-from train import corpus, decontam, pipeline, prompts, sources, teacher_forced
+from train import corpus, decontam, features, pipeline, prompts, sources, teacher_forced
 from train.data import Batch, Windows, step_windows
 from train.features import FeatureStore
-from train.loop import evaluate, make_optimizer, read_metrics, simulated_tau
+from train.loop import documents_read, evaluate, make_optimizer, read_metrics, simulated_tau
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,9 +105,12 @@ def test_read_through_cache_matches_the_decoded_one_and_resumes(tiny, tmp_path):
   args = (docs, out, params, cfg, (1,), 256, 16)
   with pytest.raises(KeyboardInterrupt):
     teacher_forced.build(*args, log=_killed_after(2))
+  before = FeatureStore.open(out + ".part").present  # the two chunks written before the kill
   lines = []
   stats = teacher_forced.build(*args, log=lines.append)
-  assert lines[0].startswith("read-through: chunk 3/") and stats["positions"] == store.n_positions
+  assert lines[0].startswith(f"read-through: chunk 1/{len(lines)}") and 0 < before.sum() < len(docs)
+  assert stats["positions"] == store.n_positions - store.doc_lens[before].sum()
+  assert stats["present_positions"] == store.n_positions
   got = FeatureStore.open(out)
   np.testing.assert_array_equal(got.tokens, store.tokens)
   np.testing.assert_array_equal(got.heldout, store.heldout)
@@ -115,6 +118,38 @@ def test_read_through_cache_matches_the_decoded_one_and_resumes(tiny, tmp_path):
   # Every position equals what decoding recorded, up to float16 rounding.
   np.testing.assert_allclose(got.hidden, store.hidden, atol=2e-2, rtol=1e-2)
   np.testing.assert_allclose(got.layers[0], store.layers[1], atol=2e-2, rtol=1e-2)
+
+
+def test_read_through_reads_only_the_wanted_documents_and_extends_later(tiny, tmp_path):
+  root, params, cfg, store = tiny[:4]
+  docs = teacher_forced.cache_documents(str(root / "features" / "packed"))
+  out = str(tmp_path / "packed")
+  want = np.arange(len(docs)) % 3 == 0
+  args = (docs, out, params, cfg, (1,), 256, 16)
+  stats = teacher_forced.build(*args, log=lambda _: None, want=want)
+  part = FeatureStore.open(out)
+  assert part.present.tolist() == want.tolist() and stats["documents"] == want.sum()
+  np.testing.assert_array_equal(part.tokens, store.tokens)  # every document's tokens are there
+  w = Windows(part, 8, heldout=False)
+  has = [part.present[w.documents([i])].all() for i in range(w.n_windows)]
+  assert any(has) and not all(has)
+  w.window(has.index(True))
+  with pytest.raises(ValueError, match="not read through the target"):
+    w.window(has.index(False))
+  kept = np.asarray(part.hidden[: store.doc_lens[0]])
+  # Extending it: a kill leaves it unfinished (not in place); the rerun resumes and seals it.
+  with pytest.raises(KeyboardInterrupt):
+    teacher_forced.build(*args, log=_killed_after(1))
+  assert not os.path.exists(out) and os.path.exists(out + ".part")
+  stats = teacher_forced.build(*args, log=lambda _: None)
+  assert 0 < stats["documents"] < (~want).sum() and stats["present_documents"] == len(docs)
+  features.verify_sealed(out, "rebuild")
+  full = FeatureStore.open(out)
+  assert full.present.all()
+  np.testing.assert_array_equal(full.hidden[: store.doc_lens[0]], kept)  # read once, kept
+  np.testing.assert_allclose(full.hidden, store.hidden, atol=2e-2, rtol=1e-2)
+  np.testing.assert_allclose(full.layers[0], store.layers[1], atol=2e-2, rtol=1e-2)
+  assert teacher_forced.build(*args, log=lambda _: None)["positions"] == 0  # nothing left to read
 
 
 def test_data_order_is_a_pure_function_of_the_step(tiny):
@@ -695,13 +730,28 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   config = tiny_config("train_eagle3", root, steps=2)
   config.data.corpus = path
   config.data.cache_dir = str(tmp_path / "features")
-  config.train.update({"steps": 6, "eval_windows": 4})
+  config.train.update({"steps": 2, "eval_windows": 2, "seq_len": 8, "batch_size": 2})
   _, _, _, heldout, _ = pipeline.run(config, str(tmp_path / "w"), lambda _: None)
   docs = corpus.load_documents(path)
   store = FeatureStore.open(str(tmp_path / "features" / "packed"))
   assert store.tokens.tolist() == [t for d in docs for t in d.tokens]
   assert store.heldout.tolist() == [d.heldout for d in docs] and store.heldout.sum() == 2
   assert store.layers.shape[0] == 2 and heldout["top1_step1"] >= 0
+  # The run read through exactly the documents its steps and its evaluation use.
+  s = pipeline.settings_from_config(config)
+  need = documents_read(s.train, *pipeline._windows(store, s, True))
+  assert store.present.tolist() == need.tolist() and not need.all()
+  # A run on later steps reads the documents it adds, and only those.
+  config.train.data_start = 2
+  lines = []
+  pipeline.run(config, str(tmp_path / "w_later"), lines.append)
+  more = FeatureStore.open(str(tmp_path / "features" / "packed")).present
+  need_later = documents_read(
+    pipeline.settings_from_config(config).train, *pipeline._windows(store, s, True)
+  )
+  assert (more == (need | need_later)).all() and more.sum() > need.sum()
+  n_new = int((need_later & ~need).sum())
+  assert any(f"the {n_new} corpus documents" in line for line in lines)
   with open(tmp_path / "features" / "manifest.json") as f:
     recorded = json.load(f)["corpus"]
   assert recorded["sha256"] == corpus.read_meta(path)["sha256"]

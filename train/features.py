@@ -274,6 +274,21 @@ def pack(shard_dir: str, out_dir: str) -> float | None:
   return None if None in times else float(sum(times))
 
 
+PRESENT = "present.npy"
+
+
+def present_documents(directory: str, n_docs: int) -> np.ndarray:
+  """[n_docs] bool: the documents whose features a packed cache holds (all of them in a cache
+  written without `present.npy`: one built in full)."""
+  path = os.path.join(directory, PRESENT)
+  if not os.path.exists(path):
+    return np.ones(n_docs, bool)
+  present = np.load(path)
+  if present.shape != (n_docs,):
+    raise CacheError(f"{path} has shape {present.shape}; the cache has {n_docs} documents")
+  return present
+
+
 @dataclasses.dataclass
 class FeatureStore:
   """The packed cache, memory-mapped.
@@ -286,6 +301,8 @@ class FeatureStore:
     doc_lens: [M] positions per document.
     prompt_lens: [M] prompt positions per document (responses start there).
     heldout: [M] bool, documents reserved for evaluation.
+    present: [M] bool, documents whose features were read (`train.teacher_forced` may read only
+      the ones a run uses; the tokens of every document are there).
   """
 
   tokens: np.ndarray
@@ -295,6 +312,7 @@ class FeatureStore:
   doc_lens: np.ndarray
   prompt_lens: np.ndarray
   heldout: np.ndarray
+  present: np.ndarray
 
   @classmethod
   def open(cls, directory: str, n_heldout: int | None = None) -> FeatureStore:
@@ -315,6 +333,7 @@ class FeatureStore:
       doc_lens=lens,
       prompt_lens=np.asarray(docs["prompt_lens"], np.int64),
       heldout=heldout,
+      present=present_documents(directory, len(lens)),
     )
 
   @property

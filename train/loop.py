@@ -118,6 +118,31 @@ def make_train_step(objective, optimizer: optax.GradientTransformation) -> Calla
   return jax.jit(step, donate_argnums=(0,))
 
 
+def eval_window_ids(n_stream: int, n_windows: int) -> np.ndarray:
+  """The held-out windows `evaluate` scores: n_windows of the stream's n_stream, spread evenly."""
+  n = min(n_windows, n_stream)
+  return np.unique(np.linspace(0, n_stream - 1, n).round().astype(np.int64))
+
+
+def documents_read(
+  settings: TrainSettings, train_windows: Windows, eval_windows: Windows
+) -> np.ndarray:
+  """[documents] bool: the documents a run with `settings` reads, i.e. those of the windows of
+  steps data_start .. data_start + steps - 1 and of the held-out windows it evaluates (their
+  features must be in the cache before it starts)."""
+  n = train_windows.n_windows
+  steps = range(settings.data_start, settings.data_start + settings.steps)
+  train_ids = [step_windows(n, settings.batch_size, settings.seed, s) for s in steps]
+  used = [train_windows.documents(np.concatenate(train_ids) if train_ids else [])]
+  if settings.eval_windows:
+    used.append(
+      eval_windows.documents(eval_window_ids(eval_windows.n_windows, settings.eval_windows))
+    )
+  mask = np.zeros(len(train_windows.store.doc_lens), bool)
+  mask[np.concatenate(used)] = True
+  return mask
+
+
 def evaluate(
   objective, params, frozen, windows: Windows, n_windows: int, batch_size: int, first: int = 0
 ) -> dict:
@@ -126,8 +151,7 @@ def evaluate(
   "simulated_tau". first > 0 adds the same over each response's first `first` tokens
   (`first_`-prefixed keys)."""
   fn = jax.jit(objective.evaluate)
-  n = min(n_windows, windows.n_windows)
-  ids = np.unique(np.linspace(0, windows.n_windows - 1, n).round().astype(np.int64))
+  ids = eval_window_ids(windows.n_windows, n_windows)
 
   def agreement(w: Windows) -> dict:
     sums: dict[str, np.ndarray] = {}

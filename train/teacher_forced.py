@@ -5,9 +5,11 @@ Decoding a response records features one token per target step; reading a finish
 a packed cache (`train.features.FeatureStore` layout) from given documents that way, e.g. the
 documents of the self-distilled cache, to add the layer outputs an EAGLE-3 head fuses.
 
-The build is resumable: chunks of documents are written in order into memory-mapped arrays (their
-blocks allocated up front, so a full disk is an error at the start) and a progress file, replaced
-atomically, records how many chunks are done; the finished directory records its files' sha256.
+The build is resumable and extendable: chunks of documents are written into memory-mapped arrays
+(their blocks allocated up front, so a full disk is an error at the start) and `present.npy`,
+replaced atomically after each chunk, records which documents have features; the finished
+directory records its files' sha256. A cache may hold features of some documents only (the ones a
+training run reads); asking for more reads just those.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import dataclasses
 import functools
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 
@@ -24,10 +27,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig
-from specjax.integrity import sole_writer, write_json_atomic
+from specjax.integrity import CacheError, sole_writer, write_atomic, write_json_atomic
 from specjax.kv_cache import init_cache
 from specjax.model import Params, forward
-from train.features import FeatureStore, open_memmap_allocated, seal
+from train.features import (
+  CHECKSUMS,
+  PRESENT,
+  FeatureStore,
+  open_memmap_allocated,
+  present_documents,
+  seal,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,15 +77,39 @@ def read_through(params: Params, tokens: jax.Array, cfg: ModelConfig, hidden_lay
   return out.hidden, out.layer_hidden
 
 
-def _chunks(lens: np.ndarray, max_batch_tokens: int, bucket: int) -> list[tuple[int, np.ndarray]]:
-  """(padded width T, document ids) per batch; one batch size per T, so one compile per T."""
-  width = -(-lens // bucket) * bucket
+def _chunks(
+  lens: np.ndarray, ids: np.ndarray, max_batch_tokens: int, bucket: int
+) -> list[tuple[int, np.ndarray]]:
+  """(padded width T, document ids) per batch over documents `ids`; one batch size per T, so one
+  compile per T."""
+  width = -(-lens[ids] // bucket) * bucket
   out = []
   for T in np.unique(width):
-    ids = np.flatnonzero(width == T)
+    sel = ids[width == T]
     B = max(max_batch_tokens // int(T), 1)
-    out += [(int(T), ids[i : i + B]) for i in range(0, len(ids), B)]
+    out += [(int(T), sel[i : i + B]) for i in range(0, len(sel), B)]
   return out
+
+
+def _docs_record(documents: Sequence[Document]) -> dict:
+  return {
+    "doc_lens": [len(d.tokens) for d in documents],
+    "prompt_lens": [d.prompt_len for d in documents],
+    "prompt_index": [d.prompt_index for d in documents],
+    "heldout": [d.heldout for d in documents],
+  }
+
+
+def _unseal(out_dir: str, tmp: str, record: dict) -> None:
+  """Moves a finished cache back to `tmp` to extend it, after checking it holds these documents."""
+  with open(os.path.join(out_dir, "docs.json")) as f:
+    if json.load(f) != record:
+      raise CacheError(
+        f"{out_dir} holds other documents than the ones asked for; delete it to rebuild it"
+      )
+  shutil.rmtree(tmp, ignore_errors=True)  # an earlier extension's leftovers, if any
+  os.replace(out_dir, tmp)
+  os.remove(os.path.join(tmp, CHECKSUMS))
 
 
 def build(
@@ -87,31 +121,50 @@ def build(
   max_batch_tokens: int = 4096,
   bucket: int = 128,
   log: Callable[[str], None] = print,
+  want: np.ndarray | None = None,
 ) -> dict:
   """Reads `documents` through the target into a packed cache at `out_dir` (resumable).
 
+  Every document's tokens are stored; features only for the documents `want` selects (default:
+  all), so a training run reads through only the documents its steps and its evaluation use.
+  Calling it again on a finished cache with more documents wanted extends it: the cache goes
+  back to `out_dir.part` while it is read, and a killed extension resumes like a first build.
+
   Returns:
-    {"positions", "seconds" (this process), "positions_per_s"}.
+    {"documents", "positions" read by this call, "seconds", "positions_per_s",
+     "present_documents", "present_positions" (what the cache holds now)}.
   """
   lens = np.asarray([len(d.tokens) for d in documents], np.int64)
   starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
-  N, D, n_lay = int(lens.sum()), cfg.d_model, len(hidden_layers)
+  N, D, n_lay, M = int(lens.sum()), cfg.d_model, len(hidden_layers), len(documents)
+  want = np.ones(M, bool) if want is None else np.asarray(want, bool)
   tmp = out_dir + ".part"
-  progress_path = os.path.join(tmp, "progress.json")
-  chunks = _chunks(lens, max_batch_tokens, bucket)
-  with sole_writer(tmp, "a feature cache"):  # progress is read under the lock
-    done = 0
-    if os.path.exists(progress_path):
-      with open(progress_path) as f:
-        done = json.load(f)["chunks_done"]
-    mode = "r+" if done else "w+"
-    mm = functools.partial(open_memmap_allocated, mode=mode)
+  record = _docs_record(documents)
+  parent = os.path.dirname(os.path.abspath(out_dir))
+  with sole_writer(parent, "a feature cache"):  # the cache's state is read under the lock
+    if os.path.exists(out_dir):
+      present = present_documents(out_dir, M)
+      if not (want & ~present).any():
+        return _stats(0, 0, 0.0, present, lens)
+      _unseal(out_dir, tmp, record)
+    fresh = not os.path.exists(os.path.join(tmp, "docs.json"))
+    if fresh:
+      shutil.rmtree(tmp, ignore_errors=True)
+      os.makedirs(tmp)
+    mm = functools.partial(open_memmap_allocated, mode="w+" if fresh else "r+")
     tokens = mm(os.path.join(tmp, "tokens.npy"), np.int32, (N,))
     hidden = mm(os.path.join(tmp, "hidden.npy"), np.float16, (N, D))
     layers = mm(os.path.join(tmp, "layers.npy"), np.float16, (n_lay, N, D)) if n_lay else None
+    if fresh:
+      for d, doc in enumerate(documents):
+        tokens[starts[d] : starts[d] + lens[d]] = doc.tokens
+      tokens.flush()
+      np.save(os.path.join(tmp, PRESENT), np.zeros(M, bool))
+      write_json_atomic(os.path.join(tmp, "docs.json"), record, indent=None)  # last: marks it
+    present = present_documents(tmp, M)
+    chunks = _chunks(lens, np.flatnonzero(want & ~present), max_batch_tokens, bucket)
     t0, new = time.time(), 0
-    for c in range(done, len(chunks)):
-      T, ids = chunks[c]
+    for c, (T, ids) in enumerate(chunks):
       batch = np.zeros((max(max_batch_tokens // T, 1), T), np.int32)
       for r, d in enumerate(ids):
         batch[r, : lens[d]] = documents[d].tokens
@@ -120,32 +173,33 @@ def build(
       lay = None if lay is None else np.asarray(lay, np.float16)
       for r, d in enumerate(ids):
         s, n = starts[d], lens[d]
-        tokens[s : s + n] = batch[r, :n]
         hidden[s : s + n] = hid[r, :n]
         if layers is not None:
           layers[:, s : s + n] = lay[:, r, :n]
-      for a in (tokens, hidden, layers):
+      for a in (hidden, layers):
         if a is not None:
           a.flush()
-      write_json_atomic(progress_path, {"chunks_done": c + 1})
+      present[ids] = True
+      write_atomic(os.path.join(tmp, PRESENT), lambda f: np.save(f, present))
       new += int(lens[ids].sum())
       rate = new / (time.time() - t0)
-      left = (
-        int(lens[[d for _, i in chunks[c + 1 :] for d in i]].sum()) if c + 1 < len(chunks) else 0
-      )
+      left = sum(int(lens[i].sum()) for _, i in chunks[c + 1 :])
       log(
         f"read-through: chunk {c + 1}/{len(chunks)} ({rate:.0f} positions/s) ETA {left / rate / 60:.1f} min"
       )
-    docs = {
-      "doc_lens": lens.tolist(),
-      "prompt_lens": [d.prompt_len for d in documents],
-      "prompt_index": [d.prompt_index for d in documents],
-      "heldout": [d.heldout for d in documents],
-    }
-    write_json_atomic(os.path.join(tmp, "docs.json"), docs, indent=None)
-    os.remove(progress_path)
     del tokens, hidden, layers
     seal(tmp)
     os.replace(tmp, out_dir)
   seconds = time.time() - t0
-  return {"positions": N, "seconds": seconds, "positions_per_s": new / max(seconds, 1e-9)}
+  return _stats(sum(len(i) for _, i in chunks), new, seconds, present, lens)
+
+
+def _stats(n_docs: int, positions: int, seconds: float, present: np.ndarray, lens: np.ndarray):
+  return {
+    "documents": n_docs,
+    "positions": positions,
+    "seconds": seconds,
+    "positions_per_s": positions / max(seconds, 1e-9),
+    "present_documents": int(present.sum()),
+    "present_positions": int(lens[present].sum()),
+  }
