@@ -33,7 +33,7 @@ from specjax.speculative import speculative_generate
 from train import corpus, decontam, features, pipeline, prompts, sources, teacher_forced
 from train.data import Batch, Windows, step_windows
 from train.features import FeatureStore
-from train.loop import documents_read, evaluate, make_optimizer, read_metrics, simulated_tau
+from train.loop import evaluate, make_optimizer, positions_read, read_metrics, simulated_tau
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,12 +105,13 @@ def test_read_through_cache_matches_the_decoded_one_and_resumes(tiny, tmp_path):
   args = (docs, out, params, cfg, (1,), 256, 16)
   with pytest.raises(KeyboardInterrupt):
     teacher_forced.build(*args, log=_killed_after(2))
-  before = FeatureStore.open(out + ".part").present  # the two chunks written before the kill
+  before = FeatureStore.open(out + ".part").read_lens  # the two chunks written before the kill
   lines = []
   stats = teacher_forced.build(*args, log=lines.append)
-  assert lines[0].startswith(f"read-through: chunk 1/{len(lines)}") and 0 < before.sum() < len(docs)
-  assert stats["positions"] == store.n_positions - store.doc_lens[before].sum()
-  assert stats["present_positions"] == store.n_positions
+  assert lines[0].startswith(f"read-through: chunk 1/{len(lines)}")
+  assert 0 < before.sum() < store.n_positions
+  assert stats["positions"] == store.n_positions - before.sum()
+  assert stats["read_positions"] == store.n_positions
   got = FeatureStore.open(out)
   np.testing.assert_array_equal(got.tokens, store.tokens)
   np.testing.assert_array_equal(got.heldout, store.heldout)
@@ -120,33 +121,38 @@ def test_read_through_cache_matches_the_decoded_one_and_resumes(tiny, tmp_path):
   np.testing.assert_allclose(got.layers[0], store.layers[1], atol=2e-2, rtol=1e-2)
 
 
-def test_read_through_reads_only_the_wanted_documents_and_extends_later(tiny, tmp_path):
+def test_read_through_reads_only_the_wanted_prefixes_and_extends_later(tiny, tmp_path):
   root, params, cfg, store = tiny[:4]
   docs = teacher_forced.cache_documents(str(root / "features" / "packed"))
   out = str(tmp_path / "packed")
-  want = np.arange(len(docs)) % 3 == 0
+  lens = store.doc_lens
+  want = np.where(np.arange(len(docs)) % 3 == 0, lens, lens // 2)  # whole, or the first half
+  want[1] = 0
   args = (docs, out, params, cfg, (1,), 256, 16)
   stats = teacher_forced.build(*args, log=lambda _: None, want=want)
   part = FeatureStore.open(out)
-  assert part.present.tolist() == want.tolist() and stats["documents"] == want.sum()
+  assert part.read_lens.tolist() == want.tolist() and stats["documents"] == (want > 0).sum()
   np.testing.assert_array_equal(part.tokens, store.tokens)  # every document's tokens are there
   w = Windows(part, 8, heldout=False)
-  has = [part.present[w.documents([i])].all() for i in range(w.n_windows)]
+  has = [(w.positions_needed([i]) <= part.read_lens).all() for i in range(w.n_windows)]
   assert any(has) and not all(has)
   w.window(has.index(True))
   with pytest.raises(ValueError, match="not read through the target"):
     w.window(has.index(False))
-  kept = np.asarray(part.hidden[: store.doc_lens[0]])
+  # A prefix's features are the whole document's: position t depends on positions up to t only.
+  s2, n2 = store.doc_starts[2], want[2]
+  np.testing.assert_allclose(part.hidden[s2 : s2 + n2], store.hidden[s2 : s2 + n2], atol=2e-2)
+  kept = np.asarray(part.hidden[: lens[0]])
   # Extending it: a kill leaves it unfinished (not in place); the rerun resumes and seals it.
   with pytest.raises(KeyboardInterrupt):
     teacher_forced.build(*args, log=_killed_after(1))
   assert not os.path.exists(out) and os.path.exists(out + ".part")
   stats = teacher_forced.build(*args, log=lambda _: None)
-  assert 0 < stats["documents"] < (~want).sum() and stats["present_documents"] == len(docs)
+  assert 0 < stats["documents"] < (want < lens).sum() and stats["read_positions"] == lens.sum()
   features.verify_sealed(out, "rebuild")
   full = FeatureStore.open(out)
-  assert full.present.all()
-  np.testing.assert_array_equal(full.hidden[: store.doc_lens[0]], kept)  # read once, kept
+  assert (full.read_lens == lens).all()
+  np.testing.assert_array_equal(full.hidden[: lens[0]], kept)  # read once, kept
   np.testing.assert_allclose(full.hidden, store.hidden, atol=2e-2, rtol=1e-2)
   np.testing.assert_allclose(full.layers[0], store.layers[1], atol=2e-2, rtol=1e-2)
   assert teacher_forced.build(*args, log=lambda _: None)["positions"] == 0  # nothing left to read
@@ -737,24 +743,20 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   assert store.tokens.tolist() == [t for d in docs for t in d.tokens]
   assert store.heldout.tolist() == [d.heldout for d in docs] and store.heldout.sum() == 2
   assert store.layers.shape[0] == 2 and heldout["top1_step1"] >= 0
-  # The run read through exactly the documents its steps and its evaluation use.
+  # The run read through exactly the document prefixes its steps and its evaluation use.
   s = pipeline.settings_from_config(config)
-  need = documents_read(s.train, *pipeline._windows(store, s, True))
-  assert store.present.tolist() == need.tolist() and not need.all()
-  # A run on later steps reads the documents it adds, and only those.
+  need = positions_read(s.train, *pipeline._windows(store, s, True))
+  assert store.read_lens.tolist() == need.tolist() and need.sum() < store.n_positions
+  # A run on later steps reads what it adds, and only that.
   config.train.data_start = 2
   lines = []
   pipeline.run(config, str(tmp_path / "w_later"), lines.append)
-  more = FeatureStore.open(str(tmp_path / "features" / "packed")).present
-  need_later = documents_read(
+  more = FeatureStore.open(str(tmp_path / "features" / "packed")).read_lens
+  later = positions_read(
     pipeline.settings_from_config(config).train, *pipeline._windows(store, s, True)
   )
-  assert (more == (need | need_later)).all() and more.sum() > need.sum()
-  n_new = int((need_later & ~need).sum())
-  assert any(f"the {n_new} corpus documents" in line for line in lines)
-  with open(tmp_path / "features" / "manifest.json") as f:
-    recorded = json.load(f)["corpus"]
-  assert recorded["sha256"] == corpus.read_meta(path)["sha256"]
+  assert (more == np.maximum(need, later)).all() and more.sum() > need.sum()
+  assert any(f"target {int((later > need).sum())} corpus documents" in line for line in lines)
   # A data-scaling run reads only the first N training positions.
   w = Windows(store, 8, heldout=False, max_positions=40)
   assert w.n_positions == 40 and w.n_windows == 5

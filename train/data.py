@@ -116,24 +116,25 @@ class Windows:
   def n_positions(self) -> int:
     return len(self.idx)
 
-  def documents(self, windows) -> np.ndarray:
-    """The sorted ids of the documents that windows `windows` read."""
-    w = np.asarray(windows, np.int64)
-    first = w * self.T
-    last = np.minimum(first + self.T, len(self.doc)) - 1
-    spans = [self.doc[a : b + 1] for a, b in zip(first, last)]
-    return np.unique(np.concatenate(spans)) if spans else np.zeros(0, np.int32)
+  def positions_needed(self, windows) -> np.ndarray:
+    """[documents] int64: for each document, how many of its positions from its start windows
+    `windows` need features of (0: none)."""
+    need = np.zeros(len(self.store.doc_lens), np.int64)
+    for w in np.asarray(windows, np.int64):
+      sl = slice(w * self.T, (w + 1) * self.T)
+      np.maximum.at(need, self.doc[sl], self.pos[sl].astype(np.int64) + 1)
+    return need
 
   def window(self, w: int) -> dict[str, np.ndarray]:
     lo, T = w * self.T, self.T
     sl = slice(lo, lo + T)
     n = len(self.idx[sl])
-    missing = np.unique(self.doc[sl][~self.store.present[self.doc[sl]]])
+    missing = np.unique(self.doc[sl][self.pos[sl] >= self.store.read_lens[self.doc[sl]]])
     if len(missing):
       raise ValueError(
-        f"window {w} reads documents {missing[:4].tolist()} whose features the feature cache has "
-        "not read through the target (it holds those of the documents earlier runs used); "
-        "train through train/main.py, which reads what a run needs first"
+        f"window {w} reads positions of documents {missing[:4].tolist()} whose features the "
+        "feature cache has not read through the target (it holds what earlier runs used); train "
+        "through train/main.py, which reads what a run needs first"
       )
     pad = lambda a, v: np.concatenate([a, np.full((T - n,) + a.shape[1:], v, a.dtype)])  # noqa: E731
     out = {

@@ -274,19 +274,22 @@ def pack(shard_dir: str, out_dir: str) -> float | None:
   return None if None in times else float(sum(times))
 
 
-PRESENT = "present.npy"
+READ_LENS = "read_lens.npy"
 
 
-def present_documents(directory: str, n_docs: int) -> np.ndarray:
-  """[n_docs] bool: the documents whose features a packed cache holds (all of them in a cache
-  written without `present.npy`: one built in full)."""
-  path = os.path.join(directory, PRESENT)
+def read_lengths(directory: str, doc_lens: np.ndarray) -> np.ndarray:
+  """[M] int64: how many positions of each document, from its start, a packed cache holds
+  features of (every position in a cache written without `read_lens.npy`: one built in full)."""
+  path = os.path.join(directory, READ_LENS)
   if not os.path.exists(path):
-    return np.ones(n_docs, bool)
-  present = np.load(path)
-  if present.shape != (n_docs,):
-    raise CacheError(f"{path} has shape {present.shape}; the cache has {n_docs} documents")
-  return present
+    return np.asarray(doc_lens, np.int64).copy()
+  read = np.load(path)
+  if read.shape != doc_lens.shape or (read < 0).any() or (read > doc_lens).any():
+    raise CacheError(
+      f"{path} does not fit the cache's {len(doc_lens)} documents and their lengths; delete "
+      f"{directory} to rebuild it"
+    )
+  return read.astype(np.int64)
 
 
 @dataclasses.dataclass
@@ -301,8 +304,8 @@ class FeatureStore:
     doc_lens: [M] positions per document.
     prompt_lens: [M] prompt positions per document (responses start there).
     heldout: [M] bool, documents reserved for evaluation.
-    present: [M] bool, documents whose features were read (`train.teacher_forced` may read only
-      the ones a run uses; the tokens of every document are there).
+    read_lens: [M] positions of each document, from its start, whose features were read
+      (`train.teacher_forced` reads only what a run uses; every document's tokens are there).
   """
 
   tokens: np.ndarray
@@ -312,7 +315,7 @@ class FeatureStore:
   doc_lens: np.ndarray
   prompt_lens: np.ndarray
   heldout: np.ndarray
-  present: np.ndarray
+  read_lens: np.ndarray
 
   @classmethod
   def open(cls, directory: str, n_heldout: int | None = None) -> FeatureStore:
@@ -333,7 +336,7 @@ class FeatureStore:
       doc_lens=lens,
       prompt_lens=np.asarray(docs["prompt_lens"], np.int64),
       heldout=heldout,
-      present=present_documents(directory, len(lens)),
+      read_lens=read_lengths(directory, lens),
     )
 
   @property

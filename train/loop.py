@@ -124,23 +124,20 @@ def eval_window_ids(n_stream: int, n_windows: int) -> np.ndarray:
   return np.unique(np.linspace(0, n_stream - 1, n).round().astype(np.int64))
 
 
-def documents_read(
+def positions_read(
   settings: TrainSettings, train_windows: Windows, eval_windows: Windows
 ) -> np.ndarray:
-  """[documents] bool: the documents a run with `settings` reads, i.e. those of the windows of
-  steps data_start .. data_start + steps - 1 and of the held-out windows it evaluates (their
-  features must be in the cache before it starts)."""
+  """[documents] int64: how many positions of each document, from its start, a run with
+  `settings` needs features of: those of the windows of steps data_start .. data_start + steps - 1
+  and of the held-out windows it evaluates (they must be in the cache before it starts)."""
   n = train_windows.n_windows
   steps = range(settings.data_start, settings.data_start + settings.steps)
-  train_ids = [step_windows(n, settings.batch_size, settings.seed, s) for s in steps]
-  used = [train_windows.documents(np.concatenate(train_ids) if train_ids else [])]
+  ids = [step_windows(n, settings.batch_size, settings.seed, s) for s in steps]
+  need = train_windows.positions_needed(np.concatenate(ids) if ids else [])
   if settings.eval_windows:
-    used.append(
-      eval_windows.documents(eval_window_ids(eval_windows.n_windows, settings.eval_windows))
-    )
-  mask = np.zeros(len(train_windows.store.doc_lens), bool)
-  mask[np.concatenate(used)] = True
-  return mask
+    evaluated = eval_window_ids(eval_windows.n_windows, settings.eval_windows)
+    need = np.maximum(need, eval_windows.positions_needed(evaluated))
+  return need
 
 
 def evaluate(

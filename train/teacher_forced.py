@@ -6,10 +6,11 @@ a packed cache (`train.features.FeatureStore` layout) from given documents that 
 documents of the self-distilled cache, to add the layer outputs an EAGLE-3 head fuses.
 
 The build is resumable and extendable: chunks of documents are written into memory-mapped arrays
-(their blocks allocated up front, so a full disk is an error at the start) and `present.npy`,
-replaced atomically after each chunk, records which documents have features; the finished
-directory records its files' sha256. A cache may hold features of some documents only (the ones a
-training run reads); asking for more reads just those.
+(their blocks allocated up front, so a full disk is an error at the start) and `read_lens.npy`,
+replaced atomically after each chunk, records how many positions of each document (from its start)
+have features; the finished directory records its files' sha256. A cache may hold features of
+document prefixes only (the ones a training run reads: features at position t depend on the
+positions up to t alone); asking for more reads just those documents, up to where they are needed.
 """
 
 from __future__ import annotations
@@ -32,10 +33,10 @@ from specjax.kv_cache import init_cache
 from specjax.model import Params, forward
 from train.features import (
   CHECKSUMS,
-  PRESENT,
+  READ_LENS,
   FeatureStore,
   open_memmap_allocated,
-  present_documents,
+  read_lengths,
   seal,
 )
 
@@ -80,8 +81,8 @@ def read_through(params: Params, tokens: jax.Array, cfg: ModelConfig, hidden_lay
 def _chunks(
   lens: np.ndarray, ids: np.ndarray, max_batch_tokens: int, bucket: int
 ) -> list[tuple[int, np.ndarray]]:
-  """(padded width T, document ids) per batch over documents `ids`; one batch size per T, so one
-  compile per T."""
+  """(padded width T, document ids) per batch over documents `ids` read `lens` positions each; one
+  batch size per T, so one compile per T."""
   width = -(-lens[ids] // bucket) * bucket
   out = []
   for T in np.unique(width):
@@ -125,27 +126,28 @@ def build(
 ) -> dict:
   """Reads `documents` through the target into a packed cache at `out_dir` (resumable).
 
-  Every document's tokens are stored; features only for the documents `want` selects (default:
-  all), so a training run reads through only the documents its steps and its evaluation use.
-  Calling it again on a finished cache with more documents wanted extends it: the cache goes
-  back to `out_dir.part` while it is read, and a killed extension resumes like a first build.
+  Every document's tokens are stored; features only of the first `want[d]` positions of each
+  document d (default: all of them), so a training run reads only the prefixes its windows use.
+  Calling it again on a finished cache with more wanted extends it (a document is read again from
+  its start, up to the new length): the cache goes back to `out_dir.part` while it is read, and a
+  killed extension resumes like a first build.
 
   Returns:
     {"documents", "positions" read by this call, "seconds", "positions_per_s",
-     "present_documents", "present_positions" (what the cache holds now)}.
+     "read_documents", "read_positions" (what the cache holds now)}.
   """
   lens = np.asarray([len(d.tokens) for d in documents], np.int64)
   starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
   N, D, n_lay, M = int(lens.sum()), cfg.d_model, len(hidden_layers), len(documents)
-  want = np.ones(M, bool) if want is None else np.asarray(want, bool)
+  want = lens if want is None else np.minimum(np.asarray(want, np.int64), lens)
   tmp = out_dir + ".part"
   record = _docs_record(documents)
   parent = os.path.dirname(os.path.abspath(out_dir))
   with sole_writer(parent, "a feature cache"):  # the cache's state is read under the lock
     if os.path.exists(out_dir):
-      present = present_documents(out_dir, M)
-      if not (want & ~present).any():
-        return _stats(0, 0, 0.0, present, lens)
+      have = read_lengths(out_dir, lens)
+      if not (want > have).any():
+        return _stats(0, 0, 0.0, have)
       _unseal(out_dir, tmp, record)
     fresh = not os.path.exists(os.path.join(tmp, "docs.json"))
     if fresh:
@@ -159,31 +161,31 @@ def build(
       for d, doc in enumerate(documents):
         tokens[starts[d] : starts[d] + lens[d]] = doc.tokens
       tokens.flush()
-      np.save(os.path.join(tmp, PRESENT), np.zeros(M, bool))
+      np.save(os.path.join(tmp, READ_LENS), np.zeros(M, np.int64))
       write_json_atomic(os.path.join(tmp, "docs.json"), record, indent=None)  # last: marks it
-    present = present_documents(tmp, M)
-    chunks = _chunks(lens, np.flatnonzero(want & ~present), max_batch_tokens, bucket)
+    have = read_lengths(tmp, lens)
+    chunks = _chunks(want, np.flatnonzero(want > have), max_batch_tokens, bucket)
     t0, new = time.time(), 0
     for c, (T, ids) in enumerate(chunks):
       batch = np.zeros((max(max_batch_tokens // T, 1), T), np.int32)
       for r, d in enumerate(ids):
-        batch[r, : lens[d]] = documents[d].tokens
+        batch[r, : want[d]] = documents[d].tokens[: want[d]]
       hid, lay = read_through(params, jnp.asarray(batch), cfg, tuple(hidden_layers))
       hid = np.asarray(hid, np.float16)
       lay = None if lay is None else np.asarray(lay, np.float16)
       for r, d in enumerate(ids):
-        s, n = starts[d], lens[d]
+        s, n = starts[d], want[d]
         hidden[s : s + n] = hid[r, :n]
         if layers is not None:
           layers[:, s : s + n] = lay[:, r, :n]
       for a in (hidden, layers):
         if a is not None:
           a.flush()
-      present[ids] = True
-      write_atomic(os.path.join(tmp, PRESENT), lambda f: np.save(f, present))
-      new += int(lens[ids].sum())
+      have[ids] = want[ids]
+      write_atomic(os.path.join(tmp, READ_LENS), lambda f: np.save(f, have))
+      new += int(want[ids].sum())
       rate = new / (time.time() - t0)
-      left = sum(int(lens[i].sum()) for _, i in chunks[c + 1 :])
+      left = sum(int(want[i].sum()) for _, i in chunks[c + 1 :])
       log(
         f"read-through: chunk {c + 1}/{len(chunks)} ({rate:.0f} positions/s) ETA {left / rate / 60:.1f} min"
       )
@@ -191,15 +193,15 @@ def build(
     seal(tmp)
     os.replace(tmp, out_dir)
   seconds = time.time() - t0
-  return _stats(sum(len(i) for _, i in chunks), new, seconds, present, lens)
+  return _stats(sum(len(i) for _, i in chunks), new, seconds, have)
 
 
-def _stats(n_docs: int, positions: int, seconds: float, present: np.ndarray, lens: np.ndarray):
+def _stats(n_docs: int, positions: int, seconds: float, have: np.ndarray) -> dict:
   return {
     "documents": n_docs,
     "positions": positions,
     "seconds": seconds,
     "positions_per_s": positions / max(seconds, 1e-9),
-    "present_documents": int(present.sum()),
-    "present_positions": int(lens[present].sum()),
+    "read_documents": int((have > 0).sum()),
+    "read_positions": int(have.sum()),
   }
