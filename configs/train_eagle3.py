@@ -14,8 +14,9 @@ before it gained from a weaker start.
 Together they read ~0.55 epoch of v2; the default reads on from step 1200.
 `:scratch` trains a head from random weights on v2 with the first stage's settings.
 
-The first run reads the corpus's documents through the target once (~4M positions; resumable)
-into the feature cache every corpus-trained drafter shares.
+A run first reads through the target the corpus documents its steps and evaluation use, up to
+the positions they use, into the feature cache every corpus-trained drafter shares (resumable;
+~1.8M positions for 600 steps on a fresh machine, nothing for what an earlier run read).
 
 Commands (from the repository root):
 

@@ -46,8 +46,8 @@ def base_config() -> ml_collections.ConfigDict:
   # A cache whose documents this one re-reads through the target, one pass each (no decoding), to
   # record features.hidden_layers (train.teacher_forced); "" decodes the recipe's prompts.
   c.data.read_through_from = ""
-  # A packed self-distilled corpus whose documents are read through the target once each (its
-  # own held-out split; the recipe is unused); "" uses the recipe or read_through_from instead.
+  # A packed self-distilled corpus whose documents are read through the target as far as runs use
+  # them (its own held-out split; the recipe is unused); "" uses the recipe or read_through_from.
   c.data.corpus = ""
   c.data.train_positions = 0  # > 0: only the first N training positions (data-scaling runs)
   c.data.recipe = ml_collections.ConfigDict(
