@@ -35,9 +35,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.train.eval_every = 40
   config.train.eval_windows = 32
   config.ship.name = "peagle-smollm2-135m"
-  # The shipped mask path read steps 0-179 of seed 0's data order (120 steps from the base's
-  # layer, 60 warm-started, 60 more over the base continued again); a retraining reads on.
-  config.train.data_start = 180
+  # The shipped mask path read steps 0-299 of seed 0's data order (120 steps from the base's
+  # layer, 60 warm-started, 60 more over the base continued again, 120 more over the same base);
+  # a retraining reads on.
+  config.train.data_start = 300
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.k = 3
