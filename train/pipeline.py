@@ -259,11 +259,18 @@ def _read_manifest(cache_dir: str) -> dict | None:
     raise CacheError(f"{path} is not valid JSON ({e}); {rebuild_hint(cache_dir)}") from e
 
 
-def _open_verified(cache_dir: str, tcfg: ModelConfig, n_heldout: int) -> features.FeatureStore:
-  """The packed cache of `cache_dir`, after checking its files' checksums and shapes."""
+def _open_verified(
+  cache_dir: str, tcfg: ModelConfig, n_heldout: int, sealed_now: bool = False
+) -> features.FeatureStore:
+  """The packed cache of `cache_dir`, after checking its files' checksums and shapes.
+
+  sealed_now: this process has just written the checksums (`features.seal`), so the files are not
+  hashed again (v2's cache is 21 GB).
+  """
   packed = os.path.join(cache_dir, "packed")
   hint = rebuild_hint(cache_dir)
-  features.verify_sealed(packed, hint)
+  if not sealed_now:
+    features.verify_sealed(packed, hint)
   store = features.FeatureStore.open(packed, n_heldout)
   top = int(store.tokens.max()) if store.n_positions else 0
   if store.hidden.shape[1] != tcfg.d_model or top >= tcfg.vocab_size:
@@ -317,7 +324,7 @@ def ensure_features(
   manifest["generation_s"] = features.pack(shards, packed)
   manifest["packed_positions"] = n
   write_json_atomic(manifest_path, manifest)
-  return _open_verified(cache_dir, tcfg, n_heldout), manifest
+  return _open_verified(cache_dir, tcfg, n_heldout, sealed_now=True), manifest
 
 
 def _read_through_cache(s: RunSettings, wanted: dict, tcfg, params, n_heldout: int, log):
@@ -343,7 +350,7 @@ def _read_through_cache(s: RunSettings, wanted: dict, tcfg, params, n_heldout: i
   packed = os.path.join(s.data.cache_dir, "packed")
   manifest["read_through"] = teacher_forced.build(docs, packed, params, tcfg, layers, log=log)
   write_json_atomic(os.path.join(s.data.cache_dir, "manifest.json"), manifest)
-  return _open_verified(s.data.cache_dir, tcfg, n_heldout), manifest
+  return _open_verified(s.data.cache_dir, tcfg, n_heldout, sealed_now=True), manifest
 
 
 def _corpus_cache(s: RunSettings, wanted: dict, tcfg, params, log):
@@ -372,7 +379,7 @@ def _corpus_cache(s: RunSettings, wanted: dict, tcfg, params, log):
     docs, packed, params, tcfg, layers, log=log, want=want
   )
   write_json_atomic(os.path.join(cache_dir, "manifest.json"), manifest)
-  return _open_verified(cache_dir, tcfg, None), manifest
+  return _open_verified(cache_dir, tcfg, None, sealed_now=True), manifest
 
 
 def read_documents(
@@ -397,7 +404,7 @@ def read_documents(
   runs = manifest.get("read_throughs", []) + [done]
   manifest = {**manifest, "read_through": done, "read_throughs": runs}
   write_json_atomic(os.path.join(s.data.cache_dir, "manifest.json"), manifest)
-  return _open_verified(s.data.cache_dir, tcfg, None), manifest
+  return _open_verified(s.data.cache_dir, tcfg, None, sealed_now=True), manifest
 
 
 RUN_FILE = "run.json"
