@@ -743,6 +743,9 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   assert store.tokens.tolist() == [t for d in docs for t in d.tokens]
   assert store.heldout.tolist() == [d.heldout for d in docs] and store.heldout.sum() == 2
   assert store.layers.shape[0] == 2 and heldout["top1_step1"] >= 0
+  with open(tmp_path / "features" / "manifest.json") as f:
+    recorded = json.load(f)["corpus"]
+  assert recorded["sha256"] == corpus.read_meta(path)["sha256"]
   # The run read through exactly the document prefixes its steps and its evaluation use.
   s = pipeline.settings_from_config(config)
   need = positions_read(s.train, *pipeline._windows(store, s, True))
