@@ -29,7 +29,9 @@ import jaxlib
 
 _SOURCES = ("cpu_linear.cc", "cpu_cache.cc", "cpu_attention.cc", "cpu_amx.cc")
 _HEADERS = ("cpu_common.h",)
-_FLAGS = ("-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-w")
+# -ffp-contract=off: the sources fuse multiply-adds explicitly (cpu_common.h `Fma`), the same way in
+# every tile, so the compiler must not fuse others on its own.
+_FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared", "-w")
 # FFI target name -> exported handler symbol.
 TARGETS = {
   "specjax_cpu_linear": "SpecjaxCpuLinear",

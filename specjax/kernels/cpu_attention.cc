@@ -26,6 +26,9 @@ namespace {
 using namespace specjax_cpu;  // NOLINT: the kernels' own small vocabulary
 
 constexpr int kRows = 4;  // queries per block (they share one pass over the keys and values)
+// Slots per score tile and value vectors per mix tile: 4 x 4 accumulators fit AVX-512's 32
+// registers; AVX2's 16 hold 4 x 2 beside the operands.
+constexpr int kCols = SPECJAX_LANES == 16 ? 4 : 2;
 
 struct Shape {
   int64_t B, T, H, Hkv, G, Dh, S;
@@ -36,21 +39,21 @@ template <typename C, int MB, int NB>
 inline void ScoreTile(const float* const* q, const C* k, int64_t k_stride, int64_t Dh, int64_t s0,
                       float scale, float* scores, int64_t S) {
   const int64_t dv = Dh - Dh % kLanes;
-  v16f acc[MB][NB];
+  vf acc[MB][NB];
   for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NB; ++j) acc[i][j] = v16f{};
+    for (int j = 0; j < NB; ++j) acc[i][j] = vf{};
   for (int64_t d = 0; d < dv; d += kLanes) {
-    v16f kv[NB];
+    vf kv[NB];
     for (int j = 0; j < NB; ++j) kv[j] = LoadW(k + (s0 + j) * k_stride + d);
     for (int i = 0; i < MB; ++i) {
-      const v16f qv = LoadF32(q[i] + d);
-      for (int j = 0; j < NB; ++j) acc[i][j] += qv * kv[j];
+      const vf qv = LoadF32(q[i] + d);
+      for (int j = 0; j < NB; ++j) acc[i][j] = Fma(qv, kv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < MB; ++i) {
     for (int j = 0; j < NB; ++j) {
       float sum = HSum(acc[i][j]);
-      for (int64_t d = dv; d < Dh; ++d) sum += q[i][d] * ToF32(k[(s0 + j) * k_stride + d]);
+      for (int64_t d = dv; d < Dh; ++d) sum = Fma(q[i][d], ToF32(k[(s0 + j) * k_stride + d]), sum);
       scores[i * S + s0 + j] = sum * scale;
     }
   }
@@ -60,7 +63,8 @@ template <typename C, int MB>
 void Scores(const float* const* q, const C* k, int64_t k_stride, int64_t Dh, int64_t n_slots,
             float scale, float* scores, int64_t S) {
   int64_t s0 = 0;
-  for (; s0 + 4 <= n_slots; s0 += 4) ScoreTile<C, MB, 4>(q, k, k_stride, Dh, s0, scale, scores, S);
+  for (; s0 + kCols <= n_slots; s0 += kCols)
+    ScoreTile<C, MB, kCols>(q, k, k_stride, Dh, s0, scale, scores, S);
   for (; s0 < n_slots; ++s0) ScoreTile<C, MB, 1>(q, k, k_stride, Dh, s0, scale, scores, S);
 }
 
@@ -77,9 +81,9 @@ bool Softmax(float* row, const bool* allowed, int64_t n_slots) {
   }
   for (int64_t s = 0; s < n_slots; ++s) row[s] = allowed[s] ? row[s] - mx : -INFINITY;
   int64_t s = 0;
-  v16f total = v16f{};
+  vf total = vf{};
   for (; s + kLanes <= n_slots; s += kLanes) {
-    const v16f e = Exp(LoadF32(row + s));
+    const vf e = Exp(LoadF32(row + s));
     StoreF32(row + s, e);
     total += e;
   }
@@ -93,19 +97,19 @@ bool Softmax(float* row, const bool* allowed, int64_t n_slots) {
   return true;
 }
 
-// out_i[d0 : d0 + 16 NV] = sum_s p[i, s] v_s[d0 : d0 + 16 NV] for the block's queries.
+// out_i[d0 : d0 + kLanes NV] = sum_s p[i, s] v_s[d0 : d0 + kLanes NV] for the block's queries.
 template <typename C, int MB, int NV>
 inline void MixTile(const float* p, int64_t S, const C* v, int64_t v_stride, int64_t d0,
                     int64_t n_slots, float* const* out) {
-  v16f acc[MB][NV];
+  vf acc[MB][NV];
   for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NV; ++j) acc[i][j] = v16f{};
+    for (int j = 0; j < NV; ++j) acc[i][j] = vf{};
   for (int64_t s = 0; s < n_slots; ++s) {
-    v16f vv[NV];
+    vf vv[NV];
     for (int j = 0; j < NV; ++j) vv[j] = LoadW(v + s * v_stride + d0 + j * kLanes);
     for (int i = 0; i < MB; ++i) {
-      const v16f pi = Splat(p[i * S + s]);
-      for (int j = 0; j < NV; ++j) acc[i][j] += pi * vv[j];
+      const vf pi = Splat(p[i * S + s]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = Fma(pi, vv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < MB; ++i)
@@ -114,9 +118,10 @@ inline void MixTile(const float* p, int64_t S, const C* v, int64_t v_stride, int
 
 template <typename C, int MB>
 void Mix(const float* p, int64_t S, const C* v, int64_t v_stride, int64_t Dh, int64_t n_slots,
-         float* const* out) {  // Dh is a multiple of 16
+         float* const* out) {  // Dh is a multiple of kLanes
   int64_t d0 = 0;
-  for (; d0 + 4 * kLanes <= Dh; d0 += 4 * kLanes) MixTile<C, MB, 4>(p, S, v, v_stride, d0, n_slots, out);
+  for (; d0 + kCols * kLanes <= Dh; d0 += kCols * kLanes)
+    MixTile<C, MB, kCols>(p, S, v, v_stride, d0, n_slots, out);
   for (; d0 < Dh; d0 += kLanes) MixTile<C, MB, 1>(p, S, v, v_stride, d0, n_slots, out);
 }
 

@@ -1,6 +1,7 @@
-// Shared pieces of the CPU kernels: 16-lane float vectors (GCC vector extensions, so the compiler
-// picks AVX-512, AVX2 or SSE for the machine it builds on), bfloat16 loads, a vector exp, and a
-// parallel-for over XLA's intra-op thread pool.
+// Shared pieces of the CPU kernels: float vectors of one machine register (GCC vector extensions:
+// 16 lanes where the compiler targets AVX-512, 8 on AVX2 or SSE machines, where a 16-lane vector
+// would take two registers and the kernels' tiles would spill to the stack), bfloat16 loads, a
+// vector exp, and a parallel-for over XLA's intra-op thread pool.
 
 #ifndef SPECJAX_KERNELS_CPU_COMMON_H_
 #define SPECJAX_KERNELS_CPU_COMMON_H_
@@ -15,35 +16,40 @@
 
 #include "xla/ffi/api/ffi.h"
 
+#if defined(__FMA__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__)
+#define SPECJAX_LANES 16
+#else
+#define SPECJAX_LANES 8
+#endif
+
 namespace specjax_cpu {
 
 namespace ffi = xla::ffi;
 
-constexpr int kLanes = 16;
-typedef float v16f __attribute__((vector_size(64), aligned(4)));
+constexpr int kLanes = SPECJAX_LANES;
+typedef float vf __attribute__((vector_size(4 * kLanes)));
 typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-typedef uint16_t v16h __attribute__((vector_size(32), aligned(2)));
-typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef int32_t vi __attribute__((vector_size(4 * kLanes)));
+typedef uint16_t vh __attribute__((vector_size(2 * kLanes)));
+// The same vectors at any address (loads and stores of rows that need not be aligned).
+typedef float vf_any __attribute__((vector_size(4 * kLanes), aligned(4), may_alias));
+typedef uint16_t vh_any __attribute__((vector_size(2 * kLanes), aligned(2), may_alias));
+typedef uint32_t vu __attribute__((vector_size(4 * kLanes)));
 
-inline v16f LoadF32(const float* p) {
-  v16f v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+inline vf LoadF32(const float* p) { return *reinterpret_cast<const vf_any*>(p); }
 
-inline void StoreF32(float* p, v16f v) { std::memcpy(p, &v, sizeof(v)); }
+inline void StoreF32(float* p, vf v) { *reinterpret_cast<vf_any*>(p) = v; }
 
-inline v16f LoadW(const float* p) { return LoadF32(p); }
+inline vf LoadW(const float* p) { return LoadF32(p); }
 
-inline v16f LoadW(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
-  v16h h;
-  std::memcpy(&h, p, sizeof(h));
-  v16u u = __builtin_convertvector(h, v16u) << 16;
-  v16f f;
-  std::memcpy(&f, &u, sizeof(f));
-  return f;
+inline vf LoadW(const uint16_t* p) {  // bfloat16 -> float32 is a 16-bit shift
+  const vh h = *reinterpret_cast<const vh_any*>(p);
+  return reinterpret_cast<vf>(__builtin_convertvector(h, vu) << 16);
 }
 
 inline float ToF32(float v) { return v; }
@@ -55,38 +61,64 @@ inline float ToF32(uint16_t v) {
 }
 
 // Pairwise horizontal sum; a serial loop over the lanes would cost more than the dot products.
-inline float HSum(v16f v) {
+inline float HSum(vf v) {
+#if SPECJAX_LANES == 16
   v8f a = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
           __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+#else
+  v8f a = v;
+#endif
   v4f b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
 
-inline v16f Splat(float x) { return v16f{} + x; }
+// c + a * b rounded once where the CPU has FMA, else rounded twice. Written out rather than left
+// to the compiler (the kernels build with -ffp-contract=off): GCC fused some products and not
+// others depending on how a tile was inlined, so a row could round differently in a 1-row tile
+// than in a 2-row one (seen on an AVX2 Zen 3), breaking the M-invariance the linear kernel promises.
+inline vf Fma(vf a, vf b, vf c) {
+#if SPECJAX_LANES == 16
+  return (vf)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  return (vf)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return c + a * b;
+#endif
+}
 
-// exp(x) for 16 lanes: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2, p a degree-6 Taylor
+inline float Fma(float a, float b, float c) {
+#if defined(__FMA__) || defined(__AVX512F__)
+  return __builtin_fmaf(a, b, c);
+#else
+  return c + a * b;
+#endif
+}
+
+inline vf Splat(float x) { return vf{} + x; }
+
+// exp(x) lane by lane: 2^n * p(r) with x = n ln2 + r, |r| <= ln2 / 2, p a degree-6 Taylor
 // polynomial (relative error ~2e-7, about 2 ulp). Inputs below -87.3 give 0, as the masked
 // scores of a softmax need.
-inline v16f Exp(v16f x) {
-  const v16f lo = Splat(-87.3f), hi = Splat(88.3f);
+inline vf Exp(vf x) {
+  const vf lo = Splat(-87.3f), hi = Splat(88.3f);
   x = x < lo ? lo : x;
   x = x > hi ? hi : x;
-  const v16f magic = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
-  v16f n = (x * 1.44269504088896341f + magic) - magic;
-  v16f r = x - n * 0.693359375f;  // ln2 split in a short high part and a low part
+  const vf magic = Splat(12582912.0f);  // 1.5 * 2^23: adding it rounds to an integer
+  vf n = (x * 1.44269504088896341f + magic) - magic;
+  vf r = x - n * 0.693359375f;  // ln2 split in a short high part and a low part
   r = r - n * -2.12194440e-4f;
-  v16f p = Splat(1.f / 720);
+  vf p = Splat(1.f / 720);
   p = p * r + 1.f / 120;
   p = p * r + 1.f / 24;
   p = p * r + 1.f / 6;
   p = p * r + 0.5f;
   p = p * r + 1.f;
   p = p * r + 1.f;
-  v16i e = (__builtin_convertvector(n, v16i) + 127) << 23;
-  v16f scale;
+  vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf scale;
   std::memcpy(&scale, &e, sizeof(scale));
-  v16f y = p * scale;
-  return x <= lo ? v16f{} : y;
+  vf y = p * scale;
+  return x <= lo ? vf{} : y;
 }
 
 // Runs fn(i) for i in [0, n) on up to `max_threads` threads of XLA's pool (0: all of them). The

@@ -15,8 +15,8 @@
 // the calling thread takes chunks too, so the call never depends on a pool thread being free.
 //
 // Every row of y is the same bits whatever M is: a row's dot products accumulate lane by lane over
-// k in one fixed order, then take the same horizontal sum and tail, in the 1-, 2-, 3- and 4-row
-// tiles alike, and chunks split output columns, never rows (tests/test_cpu_kernels.py checks
+// k in one fixed order, with the same explicit fused multiply-adds, then take the same horizontal
+// sum and tail, in the 1- to 4-row tiles alike (AVX2 uses tiles of at most 2 rows), and chunks split output columns, never rows (tests/test_cpu_kernels.py checks
 // M = 1..64). A verify pass over k tokens thus gives each token what a decode step would.
 
 #include <algorithm>
@@ -39,28 +39,37 @@ using namespace specjax_cpu;  // NOLINT: the kernels' own small vocabulary
 
 constexpr int kMaxWeights = 4;
 
+// Rows of x per tile. A 4 x 4 tile holds 16 accumulators, 4 weight vectors and one x vector: 21 of
+// AVX-512's 32 registers, but more than AVX2's 16, where 2 x 4 (13) is the largest that fits.
+#if SPECJAX_LANES == 16
+constexpr int kRowTile = 4;
+#else
+constexpr int kRowTile = 2;
+#endif
+
 // out[i * 4 + j] = x[m0 + i, :] . w[n0 + j, :] for an MB x NB tile.
 template <int MB, int NB, typename W>
 inline void Tile(const float* x, const W* w, int64_t K, int64_t m0, int64_t n0, float* out,
                  const W* pf) {
-  v16f acc[MB][NB];
+  vf acc[MB][NB];
   for (int i = 0; i < MB; ++i)
-    for (int j = 0; j < NB; ++j) acc[i][j] = v16f{};
+    for (int j = 0; j < NB; ++j) acc[i][j] = vf{};
   const int64_t kv = K - K % kLanes;
+  constexpr int64_t line = 64 / sizeof(W);  // elements per cache line: one prefetch each
   for (int64_t k = 0; k < kv; k += kLanes) {
-    if (pf != nullptr)
+    if (pf != nullptr && k % line == 0)
       for (int j = 0; j < NB; ++j) __builtin_prefetch(pf + j * K + k, 0, 3);
-    v16f wv[NB];
+    vf wv[NB];
     for (int j = 0; j < NB; ++j) wv[j] = LoadW(w + (n0 + j) * K + k);
     for (int i = 0; i < MB; ++i) {
-      v16f xv = LoadF32(x + (m0 + i) * K + k);
-      for (int j = 0; j < NB; ++j) acc[i][j] += xv * wv[j];
+      vf xv = LoadF32(x + (m0 + i) * K + k);
+      for (int j = 0; j < NB; ++j) acc[i][j] = Fma(xv, wv[j], acc[i][j]);
     }
   }
   for (int i = 0; i < MB; ++i) {
     for (int j = 0; j < NB; ++j) {
       float s = HSum(acc[i][j]);
-      for (int64_t k = kv; k < K; ++k) s += x[(m0 + i) * K + k] * ToF32(w[(n0 + j) * K + k]);
+      for (int64_t k = kv; k < K; ++k) s = Fma(x[(m0 + i) * K + k], ToF32(w[(n0 + j) * K + k]), s);
       out[i * 4 + j] = s;
     }
   }
@@ -99,7 +108,8 @@ inline void TileBf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t m0
   for (int i = 0; i < MB; ++i) {
     for (int j = 0; j < NB; ++j) {
       float s = _mm512_reduce_add_ps(acc[i][j]);
-      for (int64_t k = kv; k < K; ++k) s += ToF32(x[(m0 + i) * K + k]) * ToF32(w[(n0 + j) * K + k]);
+      for (int64_t k = kv; k < K; ++k)
+        s = Fma(ToF32(x[(m0 + i) * K + k]), ToF32(w[(n0 + j) * K + k]), s);
       out[i * 4 + j] = s;
     }
   }
@@ -190,8 +200,8 @@ void RunChunk(const Problem& p, const Chunk& c) {
   float a[16], b[16];
   for (int64_t n = c.begin; n < c.end; n += 4) {
     const int nb = static_cast<int>(std::min<int64_t>(4, c.end - n));
-    for (int64_t m = 0; m < p.M; m += 4) {
-      const int mb = static_cast<int>(std::min<int64_t>(4, p.M - m));
+    for (int64_t m = 0; m < p.M; m += kRowTile) {
+      const int mb = static_cast<int>(std::min<int64_t>(kRowTile, p.M - m));
       if (p.epilogue == 1) {
         WeightTile(p.x, p.w[0], p.K, m, mb, n, nb, a, m == 0);
         WeightTile(p.x, p.w[1], p.K, m, mb, n, nb, b, m == 0);
