@@ -36,10 +36,10 @@ typedef float v8f __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 typedef int32_t vi __attribute__((vector_size(4 * kLanes)));
 typedef uint16_t vh __attribute__((vector_size(2 * kLanes)));
+typedef uint32_t vu __attribute__((vector_size(4 * kLanes)));
 // The same vectors at any address (loads and stores of rows that need not be aligned).
 typedef float vf_any __attribute__((vector_size(4 * kLanes), aligned(4), may_alias));
 typedef uint16_t vh_any __attribute__((vector_size(2 * kLanes), aligned(2), may_alias));
-typedef uint32_t vu __attribute__((vector_size(4 * kLanes)));
 
 inline vf LoadF32(const float* p) { return *reinterpret_cast<const vf_any*>(p); }
 

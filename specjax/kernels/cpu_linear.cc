@@ -16,8 +16,8 @@
 //
 // Every row of y is the same bits whatever M is: a row's dot products accumulate lane by lane over
 // k in one fixed order, with the same explicit fused multiply-adds, then take the same horizontal
-// sum and tail, in the 1- to 4-row tiles alike (AVX2 uses tiles of at most 2 rows), and chunks split output columns, never rows (tests/test_cpu_kernels.py checks
-// M = 1..64). A verify pass over k tokens thus gives each token what a decode step would.
+// sum and tail, in the 1- to 4-row tiles alike (AVX2 uses tiles of at most 2 rows), and chunks
+// split output columns, never rows (tests/test_cpu_kernels.py checks M = 1..64). A verify pass over k tokens thus gives each token what a decode step would.
 
 #include <algorithm>
 #include <cmath>
