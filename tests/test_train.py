@@ -760,6 +760,9 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   )
   assert (more == np.maximum(need, later)).all() and more.sum() > need.sum()
   assert any(f"target {int((later > need).sum())} corpus documents" in line for line in lines)
+  with open(tmp_path / "features" / "manifest.json") as f:
+    runs = json.load(f)["read_throughs"]  # the corpus build (tokens only), both runs' reads
+  assert [r["read_positions"] for r in runs] == [0, need.sum(), more.sum()]
   # A data-scaling run reads only the first N training positions.
   w = Windows(store, 8, heldout=False, max_positions=40)
   assert w.n_positions == 40 and w.n_windows == 5

@@ -401,7 +401,9 @@ def read_documents(
     f"uses ({int(need[more].sum())} positions; the cache holds fewer of them)"
   )
   done = teacher_forced.build(docs, packed, params, tcfg, layers, log=log, want=need)
-  runs = manifest.get("read_throughs", []) + [done]
+  # The list keeps every read-through, the cache's first build included (`read_through` is the last).
+  first = [manifest["read_through"]] if "read_through" in manifest else []
+  runs = manifest.get("read_throughs", first) + [done]
   manifest = {**manifest, "read_through": done, "read_throughs": runs}
   write_json_atomic(os.path.join(s.data.cache_dir, "manifest.json"), manifest)
   return _open_verified(s.data.cache_dir, tcfg, None, sealed_now=True), manifest
