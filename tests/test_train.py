@@ -664,6 +664,28 @@ def test_training_keeps_the_checkpoint_with_the_best_simulated_tau(tiny, tmp_pat
   assert again["top1_head0"] == pytest.approx(evals[best]["top1_head0"])
 
 
+def test_a_time_budget_stops_training_early_and_still_ships(tiny, tmp_path):
+  root = tiny[0]
+  config = tiny_config("train_medusa", root)
+  config.train.update({"steps": 24, "eval_every": 4, "time_budget_s": 1e-6})
+  config.ship.update({"name": "tiny-medusa-budget", "dir": str(tmp_path / "shipped")})
+  workdir = tmp_path / "w"
+  lines = []
+  _, _, _, heldout, meta = pipeline.run(config, str(workdir), lines.append)
+  assert any("time budget" in line and "step 1/24" in line for line in lines), lines
+  steps = [r["step"] for r in read_metrics(str(workdir / "metrics.jsonl")) if "step_s" in r]
+  assert steps == [1]  # the first step spends the budget; nothing after it runs
+  assert meta is not None and meta["training"]["steps_done"] == 1
+  assert meta["training"]["device"].startswith(jax.devices()[0].platform)
+  assert heldout["step"] in (0, 1)
+  # The control: without a budget the same run goes on to its 24 steps.
+  config.train.time_budget_s = 0.0
+  config.ship.name = ""
+  pipeline.run(config, str(tmp_path / "w2"), lambda _: None)
+  steps = [r["step"] for r in read_metrics(str(tmp_path / "w2" / "metrics.jsonl")) if "step_s" in r]
+  assert steps[-1] == 24
+
+
 def test_first_response_tokens_scores_only_each_responses_opening(tiny):
   store = tiny[3]
   w = Windows(store, 32, heldout=True)

@@ -55,6 +55,10 @@ class TrainSettings:
       metric over every response position.
     first_weight: loss weight of each response's first `eval_first` tokens against 1 for later
       ones (1.0: every response token alike); the logged per-step KL terms are weighted alike.
+    time_budget_s: > 0: stop (checkpoint, held-out evaluation, best state kept) after the step
+      during which this many seconds of this process's training loop have passed, even if fewer
+      than `steps` are done (a time-boxed run on a lent machine); the learning-rate schedule
+      still spans `steps`. 0: no limit.
   """
 
   steps: int = 1000
@@ -73,6 +77,7 @@ class TrainSettings:
   eval_windows: int = 16
   eval_first: int = 0
   first_weight: float = 1.0
+  time_budget_s: float = 0.0
 
   def __post_init__(self):
     if self.data_start < 0:
@@ -334,6 +339,7 @@ def train(
   last = settings.steps if stop_after is None else min(settings.steps, stop_after)
   start = int(state.step)
   t0, tokens_seen = time.time(), 0
+  t_loop = t0
   try:
     for s in range(start, last):
       ids = step_windows(
@@ -350,6 +356,10 @@ def train(
         tokens_seen += int((np.asarray(batch.doc) >= 0).sum())
       rate = tokens_seen / max(time.time() - t0, 1e-9)
       metrics.write({"step": done, **m, "tokens_per_s": rate, "step_s": time.time() - t_step})
+      out_of_time = 0 < settings.time_budget_s <= time.time() - t_loop
+      if out_of_time and done < last:
+        log(f"time budget of {settings.time_budget_s:.0f} s spent at step {done}/{last}; stopping")
+        last = done
       if done % settings.log_every == 0 or done == last:
         eta = (last - done) * (time.time() - t0) / max(done - start - 1, 1) / 60
         extra = " ".join(f"{k} {v:.3f}" for k, v in m.items() if k != "loss")
@@ -376,6 +386,8 @@ def train(
           + " ".join(f"{k} {v:.4f}" for k, v in ev.items())
           + (" (best)" if kept else "")
         )
+      if done == last:
+        break
     final, params = {}, state.params
     if eval_windows is not None:
       final = evaluate(

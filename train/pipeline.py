@@ -500,6 +500,11 @@ def train_seconds(metrics_path: str) -> float:
   return float(sum(per_step.values()))
 
 
+def steps_done(metrics_path: str) -> int:
+  """The last optimizer step metrics.jsonl records (a time-boxed run may stop before train.steps)."""
+  return max((int(r["step"]) for r in read_metrics(metrics_path) if "step_s" in r), default=0)
+
+
 def reread_note(old: dict, manifest: dict, t: TrainSettings) -> str | None:
   """A note when this run's data order repeats steps that the shipped head it continues (`old`, its
   metadata) trained on, or the head that one continued (`old["continued_from"]`): same data, seed,
@@ -553,14 +558,15 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     check_workdir(workdir, s, manifest)
     vocab_path = os.path.join(workdir, "d2t.npy")
     if not os.path.exists(vocab_path):
-      stops = tok.stop_ids if tok is not None else ()
-      extra = None
-      if s.data.vocab_sharegpt_chars and tok is not None:
-        extra = sharegpt_response_counts(tok, s.data.vocab_sharegpt_chars, tcfg.vocab_size)
-      d2t = draft_vocabulary(store, s.data.draft_vocab, tcfg.vocab_size, stops, extra)
       source = s.objective.get("base") or s.objective.get("init_from")
       if source:  # a drafter that extends or continues a shipped one keeps its vocabulary
         d2t = shipped_vocabulary(source, params, tcfg, s.ship_dir)
+      else:
+        stops = tok.stop_ids if tok is not None else ()
+        extra = None
+        if s.data.vocab_sharegpt_chars and tok is not None:
+          extra = sharegpt_response_counts(tok, s.data.vocab_sharegpt_chars, tcfg.vocab_size)
+        d2t = draft_vocabulary(store, s.data.draft_vocab, tcfg.vocab_size, stops, extra)
       tmp = vocab_path + ".tmp.npy"
       np.save(tmp, d2t)
       os.replace(tmp, vocab_path)
@@ -609,8 +615,10 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
         },
         "training": {
           **dataclasses.asdict(s.train),
+          "steps_done": steps_done(os.path.join(workdir, "metrics.jsonl")),
           "train_s": train_seconds(os.path.join(workdir, "metrics.jsonl")),
           "wall_s_last_process": time.time() - t0,
+          "device": f"{jax.devices()[0].platform}: {jax.devices()[0].device_kind}",
         },
         "heldout": heldout,
       }
