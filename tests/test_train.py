@@ -772,8 +772,10 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   s = pipeline.settings_from_config(config)
   need = positions_read(s.train, *pipeline._windows(store, s, True))
   assert store.read_lens.tolist() == need.tolist() and need.sum() < store.n_positions
-  # A run on later steps reads what it adds, and only that.
+  # A run on later steps reads what it adds, and only that; here one document per read-through
+  # batch (data.read_batch_tokens, the tokens a batch holds: 4,096 by default).
   config.train.data_start = 2
+  config.data.read_batch_tokens = 1
   lines = []
   pipeline.run(config, str(tmp_path / "w_later"), lines.append)
   more = FeatureStore.open(str(tmp_path / "features" / "packed")).read_lens
@@ -781,7 +783,10 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
     pipeline.settings_from_config(config).train, *pipeline._windows(store, s, True)
   )
   assert (more == np.maximum(need, later)).all() and more.sum() > need.sum()
-  assert any(f"target {int((later > need).sum())} corpus documents" in line for line in lines)
+  n_more = int((later > need).sum())
+  assert any(f"target {n_more} corpus documents" in line for line in lines)
+  assert any(line.startswith(f"read-through: chunk {n_more}/{n_more} ") for line in lines)
+  assert n_more > 1
   with open(tmp_path / "features" / "manifest.json") as f:
     runs = json.load(f)["read_throughs"]  # the corpus build (tokens only), both runs' reads
   assert [r["read_positions"] for r in runs] == [0, need.sum(), more.sum()]

@@ -50,6 +50,7 @@ def base_config() -> ml_collections.ConfigDict:
   # them (its own held-out split; the recipe is unused); "" uses the recipe or read_through_from.
   c.data.corpus = ""
   c.data.train_positions = 0  # > 0: only the first N training positions (data-scaling runs)
+  c.data.read_batch_tokens = 4096  # tokens per read-through batch; an accelerator takes far more
   c.data.recipe = ml_collections.ConfigDict(
     dict(
       n_sharegpt=1200,
