@@ -379,11 +379,16 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   other_order = dataclasses.replace(s, seed=1)  # another data order: no claim about overlap
   assert pipeline.reread_note(shipped.metadata, manifest, other_order) is None
   # A head continued from one that read steps 0-39 and read 40-59 itself: both ranges count.
-  twice = {**meta, "training": {**meta["training"], "data_start": 40, "steps": 20}}
+  read_40_59 = {"data_start": 40, "steps": 20, "steps_done": 20}
+  twice = {**meta, "training": {**meta["training"], **read_40_59}}
   twice["continued_from"] = shipped.metadata
   note = pipeline.reread_note(twice, manifest, dataclasses.replace(s, data_start=50, steps=5))
   assert note is not None and "0-39, 40-59" in note and "data_start=60" in note
   assert pipeline.reread_note(twice, manifest, dataclasses.replace(s, data_start=60)) is None
+  # A time-boxed run that planned 20 steps but stopped after 5 read only steps 40-44.
+  boxed = {**twice, "training": {**twice["training"], "steps_done": 5}}
+  assert "40-44" in pipeline.reread_note(boxed, manifest, dataclasses.replace(s, data_start=42))
+  assert pipeline.reread_note(boxed, manifest, dataclasses.replace(s, data_start=45)) is None
   with pytest.raises(ValueError, match="fuses differently"):
     pipeline.make_objective({**dict(config.objective), "fuse_norm": False}, cfg).init(
       jax.random.PRNGKey(1), params, cfg, d2t, str(root / "shipped")

@@ -527,7 +527,8 @@ def reread_note(old: dict, manifest: dict, t: TrainSettings) -> str | None:
     if any(was.get(k) != getattr(t, k) for k in ("seed", "batch_size", "seq_len")):
       continue
     lo = int(was.get("data_start", 0))
-    seen.append((lo, lo + int(was.get("steps", 0))))
+    # A time-boxed run stopped at steps_done (records before that field ran all their steps).
+    seen.append((lo, lo + int(was.get("steps_done", was.get("steps", 0)))))
   if not any(t.data_start < hi and lo < t.data_start + t.steps for lo, hi in seen):
     return None
   ranges = ", ".join(f"{lo}-{hi - 1}" for lo, hi in sorted(seen) if hi > lo)
