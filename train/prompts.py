@@ -50,10 +50,6 @@ class TrainPrompt:
   tokens: tuple[int, ...]
 
 
-def _ascii_fraction(text: str) -> float:
-  return sum(c.isascii() for c in text) / max(len(text), 1)
-
-
 def sharegpt_first_turns(data: bytes, min_ascii: float) -> list[tuple[int, str]]:
   """(conversation index, first human message) for mostly-ASCII conversations, deduplicated."""
   seen, out = set(), []
@@ -61,7 +57,7 @@ def sharegpt_first_turns(data: bytes, min_ascii: float) -> list[tuple[int, str]]
     first = next((t.get("value", "") for t in turns if t.get("from") == "human"), "")
     text = first.strip() if isinstance(first, str) else ""
     key = decontam.normalize(text)
-    if text and key not in seen and _ascii_fraction(text) >= min_ascii:
+    if text and key not in seen and sources.ascii_fraction(text) >= min_ascii:
       seen.add(key)
       out.append((i, text))
   return out

@@ -129,6 +129,12 @@ def _jsonl(data: bytes) -> list[dict]:
   return [json.loads(line) for line in data.decode().splitlines() if line.strip()]
 
 
+def ascii_fraction(text: str) -> float:
+  """The fraction of `text`'s characters that are ASCII (the filter for garbled or non-English
+  text)."""
+  return len(text.encode("ascii", "ignore")) / max(len(text), 1)
+
+
 def sharegpt_conversations(data: bytes) -> Iterator[list[dict]]:
   """Conversations of the (truncated) ShareGPT dump, parsed one element at a time.
 

@@ -72,10 +72,6 @@ _REFERENTIAL = re.compile(
 )
 
 
-def _ascii_fraction(text: str) -> float:
-  return sum(c.isascii() for c in text) / max(len(text), 1)
-
-
 def clip(text: str, lo: int, hi: int) -> str:
   """`text` cut to at most `hi` characters, at the last sentence end at or after `lo` if any."""
   if len(text) <= hi:
@@ -133,7 +129,7 @@ def _is_prose(turn: dict, text: str) -> bool:
     and "|" not in text
     and text.count(". ") >= 5
     and len(_LIST_LINE.findall(text)) <= 3
-    and _ascii_fraction(text) >= 0.98
+    and sources.ascii_fraction(text) >= 0.98
   )
 
 
@@ -142,7 +138,7 @@ def _is_question(text: str, chars: tuple[int, int]) -> bool:
     chars[0] <= len(text) <= chars[1]
     and text.endswith("?")
     and "\n" not in text
-    and _ascii_fraction(text) >= 0.99
+    and sources.ascii_fraction(text) >= 0.99
   )
 
 
