@@ -617,12 +617,17 @@ def test_training_prompts_exclude_every_evaluation_prompt(smollm2):
     plist = corpus.prompts_from_order(
       order, smollm2.tokenizer, meta["manifest"]["recipe"]["min_ascii"]
     )
+    norm_train = [" ".join(decontam.normalize(p.text)) for p in plist]
+    # Containment by one search per text through the other side joined by "\n" (never in a
+    # normalised text, so no match spans two texts). A training prompt inside an evaluation
+    # prompt counts from 32 characters: the corpus has generic short questions ("how long will it
+    # take?" is part of a GSM8K test problem).
+    all_train, all_eval = "\n".join(norm_train), "\n".join(norm_eval)
+    assert not any("\n" in t for t in norm_train + norm_eval)
+    assert not [e for e in norm_eval if e in all_train]
+    assert not [t for t in norm_train if len(t) >= 32 and t in all_eval]
     shared_span = []
-    for p in plist:
-      t = " ".join(decontam.normalize(p.text))
-      # A training prompt inside an evaluation prompt counts from 32 characters: the corpus has
-      # generic short questions ("how long will it take?" is part of a GSM8K test problem).
-      assert not any(e in t or (len(t) >= 32 and t in e) for e in norm_eval), p.text[:80]
+    for p, t in zip(plist, norm_train):
       if any(t[i : i + 60] in spans for i in range(0, max(len(t) - 59, 0))):
         shared_span.append(corpus.prompt_sha256(p.text))
     assert shared_span == KNOWN_SHARED_SPAN.get(name, []), (name, shared_span)
