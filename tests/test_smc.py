@@ -372,21 +372,18 @@ def test_eagle3_smc_drafts_from_the_target_layers(eagle3_toy):
   )
   greedy = SamplingConfig(temperature=0.0)
 
+  @jax.jit  # one compile for every context (same shapes), with and without the features
+  def drafts_of(x, n, seq, zero_layers):
+    pre = prefill(target, cfg, x, n, 40, LAYERS)
+    pre = dataclasses.replace(pre, layer_hidden=jnp.where(zero_layers, 0.0, pre.layer_hidden))
+    state = drafter.init(head, pre, x, n, 40)
+    return drafter.propose(head, state, seq, n + 1, jax.random.PRNGKey(1), greedy).tokens[0]
+
   def fresh_drafts(ctx, first, zero_layers=False):
     x, n = pad_prompts([ctx], bucket=16)
-    pre = prefill(target, cfg, x, n, 40, LAYERS)
-    if zero_layers:
-      pre = dataclasses.replace(pre, layer_hidden=jnp.zeros_like(pre.layer_hidden))
-    seq = (
-      jnp.zeros((1, 40), jnp.int32)
-      .at[0, : len(ctx)]
-      .set(jnp.asarray(ctx))
-      .at[0, len(ctx)]
-      .set(first)
-    )
-    state = drafter.init(head, pre, x, n, 40)
-    prop = drafter.propose(head, state, seq, n + 1, jax.random.PRNGKey(1), greedy)
-    return np.asarray(prop.tokens[0]).tolist()
+    seq = np.zeros((1, 40), np.int32)
+    seq[0, : len(ctx)], seq[0, len(ctx)] = ctx, first
+    return np.asarray(drafts_of(x, n, seq, zero_layers)).tolist()
 
   differs = False
   for prompt, row in zip(prompts, out):
