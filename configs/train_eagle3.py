@@ -55,6 +55,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The loss leans towards each response's opening (first eval_first = 64 tokens, weight 4): the
   # benchmarks decode 64 tokens, and openings are the hardest positions to draft.
   config.train.update(dict(steps=600, lr=1e-3, warmup=50, first_weight=4.0))
+  # Score the shipped head first: a run whose steps never beat it ships nothing.
+  config.train.score_start = True
   # Steps 0-1799 of seed 0's data order are what the shipped head's runs read; read on from there.
   # (Raise this by the run's steps for the next continuation: the pipeline logs a note when a
   # continuation repeats its head's steps.) Keep the 600 steps: a 200-step run on steps
@@ -65,5 +67,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if arg == "tiny":
     config.objective.fuse_layers = (0, 1)
     config.objective.init_from = ""
-    config.train.data_start = 0
+    config.train.update(dict(data_start=0, score_start=False))
   return config

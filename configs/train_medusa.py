@@ -41,4 +41,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.objective.init_from = "medusa4-smollm2-135m"
     config.train.lr = 1e-3
     config.train.data_start = 1800  # the shipped heads read steps 0-449 and 1200-1799 of v2's order
+    config.train.score_start = True  # a run whose steps never beat the shipped heads ships nothing
   return apply_variant(config, arg)

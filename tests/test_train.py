@@ -674,6 +674,21 @@ def test_training_keeps_the_checkpoint_with_the_best_simulated_tau(tiny, tmp_pat
   assert again["top1_head0"] == pytest.approx(evals[best]["top1_head0"])
 
 
+def test_a_run_that_never_beats_its_start_is_not_shipped(tiny, tmp_path):
+  """With train.score_start the starting state is scored first (step 0) and competes with every
+  later evaluation; at a zero learning rate no step can beat it, so nothing ships (the other tests
+  here ship: the control)."""
+  config = tiny_config("train_medusa", tiny[0])
+  config.train.update({"steps": 4, "eval_every": 2, "lr": 0.0, "score_start": True})
+  config.ship.update({"name": "tiny-medusa-flat", "dir": str(tmp_path / "shipped")})
+  lines = []
+  _, _, _, heldout, meta = pipeline.run(config, str(tmp_path / "w"), lines.append)
+  evals = [r["step"] for r in read_metrics(str(tmp_path / "w" / "metrics.jsonl")) if "eval" in r]
+  assert evals[:3] == [0, 2, 4] and heldout["step"] == 0 and meta is None
+  assert any("tiny-medusa-flat is not shipped" in line for line in lines), lines
+  assert not (tmp_path / "shipped" / "tiny-medusa-flat.json").exists()
+
+
 def test_a_time_budget_stops_training_early_and_still_ships(tiny, tmp_path):
   root = tiny[0]
   config = tiny_config("train_medusa", root)

@@ -59,6 +59,9 @@ class TrainSettings:
       during which this many seconds of this process's training loop have passed, even if fewer
       than `steps` are done (a time-boxed run on a lent machine); the learning-rate schedule
       still spans `steps`. 0: no limit.
+    score_start: with held-out windows, also evaluate the starting state (step 0) and keep it
+      unless a later evaluation beats it; the pipeline then ships nothing (a continuation of a
+      shipped drafter that made it worse leaves it as it was).
   """
 
   steps: int = 1000
@@ -78,6 +81,7 @@ class TrainSettings:
   eval_first: int = 0
   first_weight: float = 1.0
   time_budget_s: float = 0.0
+  score_start: bool = False
 
   def __post_init__(self):
     if self.data_start < 0:
@@ -302,9 +306,10 @@ def train(
 ) -> tuple[Any, dict]:
   """Trains (or resumes training) and returns (trainable params, their held-out metrics).
 
-  With held-out windows, the params returned are those of the evaluation (every `eval_every`
-  steps and at the end) with the highest `simulated_tau` (kept in `workdir/best`), and the
-  metrics theirs, with "step" and "simulated_tau" added; the last state stays in checkpoints/.
+  With held-out windows, the params returned are those of the evaluation (of the starting state
+  with `score_start`, every `eval_every` steps and at the end) with the highest `simulated_tau`
+  (kept in `workdir/best`), and the metrics theirs, with "step" (0: no step beat the start) and
+  "simulated_tau" added; the last state stays in checkpoints/.
 
   Args:
     objective: a `train.objectives` objective.
@@ -338,9 +343,17 @@ def train(
   metrics = MetricsLog(metrics_path)
   last = settings.steps if stop_after is None else min(settings.steps, stop_after)
   start = int(state.step)
-  t0, tokens_seen = time.time(), 0
-  t_loop = t0
   try:
+    if settings.score_start and eval_windows is not None and start == 0 < last:
+      # The starting state is a candidate too (with no steps, the final evaluation scores it).
+      ev = evaluate(
+        objective, state.params, frozen, eval_windows, settings.eval_windows, 8, settings.eval_first
+      )
+      metrics.write({"step": 0, "eval": ev})
+      best.offer(0, ev, state)
+      log("eval step 0: " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+    t0, tokens_seen = time.time(), 0
+    t_loop = t0  # the time budget counts from here: it is for the steps
     for s in range(start, last):
       ids = step_windows(
         train_windows.n_windows, settings.batch_size, settings.seed, settings.data_start + s

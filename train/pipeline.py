@@ -608,7 +608,14 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
       objective, trainable, frozen, train_w, eval_w, s.train, workdir, log, stop_after
     )
     meta = None
-    if s.ship_name and (stop_after is None or stop_after >= s.train.steps):
+    ship = bool(s.ship_name) and (stop_after is None or stop_after >= s.train.steps)
+    if ship and heldout.get("step") == 0:
+      log(
+        f"no step beat the starting state on the held-out windows (simulated tau "
+        f"{heldout['simulated_tau']:.3f} at step 0): {s.ship_name} is not shipped"
+      )
+      ship = False
+    if ship:
       from train.export import export_drafter
 
       resp = np.asarray(train_w.resp).mean()

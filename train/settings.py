@@ -111,6 +111,7 @@ def base_config() -> ml_collections.ConfigDict:
       eval_first=0,  # > 0: also score each response's first N tokens alone (`first_*` metrics)
       first_weight=1.0,  # loss weight of those first eval_first tokens (1.0: all alike)
       time_budget_s=0.0,  # > 0: stop the training loop after this many seconds (best state kept)
+      score_start=False,  # also score the starting state; no step beats it: nothing ships
     )
   )
   c.ship = ml_collections.ConfigDict(dict(name="", dir="specjax/drafters/shipped"))
