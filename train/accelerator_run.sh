@@ -63,8 +63,11 @@ stage() {  # stage NAME CONFIG BUDGET_S [overrides...]: one training run, time-b
 # read-through batches an accelerator fills (4,096 tokens suit a CPU).
 COMMON=(--config.data.vocab_sharegpt_chars=0 --config.ship.dir="$SHIP_DIR"
   --config.data.read_batch_tokens=32768)
-# The first pass (2026-12-04) read steps 0-207 at this batch size; a pass reads on from there.
-EAGLE3=(--config.train.batch_size=32 --config.train.steps=1200 --config.train.data_start=208
+# The first pass (2026-12-04) read steps 0-207 at this batch size, the CPU stages since then the
+# windows of batch-4 steps up to 2119 (= batch-32 step 264); a pass reads on from there, at the
+# learning rate that worked at batch 32 (the config's 3e-4 is for batch 4).
+EAGLE3=(--config.train.batch_size=32 --config.train.steps=1200 --config.train.data_start=265
+  --config.train.lr=1e-3
   --config.train.eval_every=100 --config.train.save_every=200 --config.train.log_every=50)
 
 python3 -c "import jax; print('devices:', jax.devices())" 2>&1 | tee -a "$LOG"
