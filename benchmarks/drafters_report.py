@@ -22,8 +22,9 @@ first turns and GSM8K train questions, `--per_category` of each): the drafters' 
 so the gap to Spec-Bench separates drafter quality from distribution shift.
 
 Every speculative output is checked against the AR output (`same as AR`). Per-prompt records go to
-WORKDIR/records.jsonl and a rerun resumes; each cost line is also appended to WORKDIR/costs.jsonl
-(with the time and load average), so a lost terminal capture loses nothing. Timings on a shared
+WORKDIR/records.jsonl and a rerun with the same settings and drafter weights (sha256) resumes
+(other ones stop with an error asking for a new --workdir); each cost line is also appended to
+WORKDIR/costs.jsonl (with the time and load average), so a lost terminal capture loses nothing. Timings on a shared
 CPU are noisy; the script prints the machine's load average next to them.
 """
 
@@ -184,6 +185,8 @@ def main(argv):
   runner = Runner(target, methods, gen, log=lambda line: print(line, flush=True))
   settings = {
     "drafters": names,
+    # the weights too: records of a drafter since retrained must not be resumed as this run's
+    "drafters_sha256": sorted({f"{n}:{shipped[n, w].metadata['sha256']}" for n, _, w in runs}),
     "k": [(n, kn) for n, kn, _ in runs],
     **({"weights_dtype": _WEIGHTS.value} if _WEIGHTS.value != ["float32"] else {}),
     "per_category": _PER_CATEGORY.value,
