@@ -24,8 +24,8 @@ so the gap to Spec-Bench separates drafter quality from distribution shift.
 Every speculative output is checked against the AR output (`same as AR`). Per-prompt records go to
 WORKDIR/records.jsonl and a rerun with the same settings and drafter weights (sha256) resumes
 (other ones stop with an error asking for a new --workdir); each cost line is also appended to
-WORKDIR/costs.jsonl (with the time and load average), so a lost terminal capture loses nothing. Timings on a shared
-CPU are noisy; the script prints the machine's load average next to them.
+WORKDIR/costs.jsonl (with the time and load average), so a lost terminal capture loses nothing.
+Timings on a shared CPU are noisy; the script prints the machine's load average next to them.
 """
 
 from __future__ import annotations
