@@ -343,12 +343,16 @@ def train(
   metrics = MetricsLog(metrics_path)
   last = settings.steps if stop_after is None else min(settings.steps, stop_after)
   start = int(state.step)
+
+  def score(params):  # held-out metrics of `params`
+    return evaluate(
+      objective, params, frozen, eval_windows, settings.eval_windows, 8, settings.eval_first
+    )
+
   try:
     if settings.score_start and eval_windows is not None and start == 0 < last:
       # The starting state is a candidate too (with no steps, the final evaluation scores it).
-      ev = evaluate(
-        objective, state.params, frozen, eval_windows, settings.eval_windows, 8, settings.eval_first
-      )
+      ev = score(state.params)
       metrics.write({"step": 0, "eval": ev})
       best.offer(0, ev, state)
       log("eval step 0: " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
@@ -383,15 +387,7 @@ def train(
       if done % settings.save_every == 0 or done == last:
         ckpt.save(done, state)
       if eval_windows is not None and settings.eval_every and done % settings.eval_every == 0:
-        ev = evaluate(
-          objective,
-          state.params,
-          frozen,
-          eval_windows,
-          settings.eval_windows,
-          8,
-          settings.eval_first,
-        )
+        ev = score(state.params)
         metrics.write({"step": done, "eval": ev})
         kept = best.offer(done, ev, state)
         log(
@@ -403,9 +399,7 @@ def train(
         break
     final, params = {}, state.params
     if eval_windows is not None:
-      final = evaluate(
-        objective, state.params, frozen, eval_windows, settings.eval_windows, 8, settings.eval_first
-      )
+      final = score(state.params)
       metrics.write({"step": int(state.step), "eval": final, "final": True})
       log("held-out: " + " ".join(f"{k} {v:.4f}" for k, v in final.items()))
       best.offer(int(state.step), final, state)
