@@ -22,7 +22,7 @@ first turns and GSM8K train questions, `--per_category` of each): the drafters' 
 so the gap to Spec-Bench separates drafter quality from distribution shift.
 
 Every speculative output is checked against the AR output (`same as AR`). Per-prompt records go to
-WORKDIR/records.jsonl and a rerun with the same settings and drafter weights (sha256) resumes
+WORKDIR/records.jsonl and a rerun with the same settings and weights (`weights.json`) resumes
 (other ones stop with an error asking for a new --workdir); each cost line is also appended to
 WORKDIR/costs.jsonl (with the time and load average), so a lost terminal capture loses nothing.
 Timings on a shared CPU are noisy; the script prints the machine's load average next to them.
@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 
 import jax
@@ -42,7 +43,7 @@ from absl import app, flags
 
 from specjax.drafters.shipped import list_shipped, load_shipped
 from specjax.experiment.methods import Method, load_target
-from specjax.experiment.runner import Runner, run_suite
+from specjax.experiment.runner import ResumeError, Runner, run_suite
 from specjax.experiment.tables import markdown, summary_rows
 from specjax.experiment.tasks import (
   SPEC_BENCH_CATEGORIES,
@@ -185,8 +186,6 @@ def main(argv):
   runner = Runner(target, methods, gen, log=lambda line: print(line, flush=True))
   settings = {
     "drafters": names,
-    # the weights too: records of a drafter since retrained must not be resumed as this run's
-    "drafters_sha256": sorted({f"{n}:{shipped[n, w].metadata['sha256']}" for n, _, w in runs}),
     "k": [(n, kn) for n, kn, _ in runs],
     **({"weights_dtype": _WEIGHTS.value} if _WEIGHTS.value != ["float32"] else {}),
     "per_category": _PER_CATEGORY.value,
@@ -194,7 +193,10 @@ def main(argv):
     **({"dtype": _DTYPE.value} if _DTYPE.value != "float32" else {}),
     **({"prompts": "heldout"} if _PROMPTS.value == "heldout" else {}),
   }
-  records = run_suite(runner, prompts, _WORKDIR.value, settings, lambda x: print(x, flush=True))
+  try:  # run_suite also checks the weights: a drafter retrained since is not resumed
+    records = run_suite(runner, prompts, _WORKDIR.value, settings, lambda x: print(x, flush=True))
+  except ResumeError as e:
+    sys.exit(f"FATAL: {e}")
   rows = summary_rows(records)
   print("\n" + markdown(rows) + "\n")
   print(

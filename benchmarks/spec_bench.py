@@ -41,6 +41,7 @@ run (a fresh --workdir).
 
 import itertools
 import os
+import sys
 import tempfile
 import time
 
@@ -54,7 +55,7 @@ from specjax.drafters import PromptLookupDrafter
 from specjax.experiment import packaged
 from specjax.experiment.calibrate import with_costs
 from specjax.experiment.methods import Method, build_method, load_shipped_drafter, load_target
-from specjax.experiment.runner import Runner, run_suite
+from specjax.experiment.runner import ResumeError, Runner, run_suite
 from specjax.experiment.settings import base_config, settings_from_config
 from specjax.experiment.tables import markdown, summary_rows, write_csv
 from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES, find_spec_bench, load_spec_bench
@@ -215,7 +216,10 @@ def main(argv):
     **({"repeats": _REPEATS.value} if _REPEATS.value > 1 else {}),
     "cpu_kernels": os.environ.get("SPECJAX_CPU_KERNELS", "1"),
   }
-  rows = summary_rows(run_suite(runner, prompts, workdir, settings, log=log))
+  try:
+    rows = summary_rows(run_suite(runner, prompts, workdir, settings, log=log))
+  except ResumeError as e:
+    sys.exit(f"FATAL: {e}")
   device = jax.devices()[0]
   print(
     f"\n{_MODEL.value}, greedy, batch 1, {_MAX_NEW.value} new tokens, {device.platform} "

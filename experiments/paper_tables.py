@@ -30,7 +30,13 @@ from specjax.experiment.calibrate import with_costs
 from specjax.experiment.costs import draft_cost_ratio
 from specjax.experiment.methods import build_method, load_target
 from specjax.experiment.packaged import load_default_suite
-from specjax.experiment.runner import Runner, run_suite, skipped_records, skipped_summary
+from specjax.experiment.runner import (
+  ResumeError,
+  Runner,
+  run_suite,
+  skipped_records,
+  skipped_summary,
+)
 from specjax.experiment.settings import settings_from_config
 from specjax.experiment.tasks import (
   DEFAULT_SOURCE,
@@ -168,7 +174,10 @@ def main(argv):
     "max_new_tokens": max_new,
     "prompts": [p.prompt_id for p in prompts],
   }
-  records = run_suite(runner, prompts, workdir, run_settings, log=log)
+  try:
+    records = run_suite(runner, prompts, workdir, run_settings, log=log)
+  except ResumeError as e:
+    sys.exit(f"FATAL: {e}")
   title = (
     f"{table}: {target.name}, {len(prompts)} prompts from {source}, {max_new} new tokens, greedy"
   )

@@ -31,6 +31,7 @@ from specjax.experiment import plots
 from specjax.experiment.calibrate import with_costs
 from specjax.experiment.methods import build_method, describe_method, load_target
 from specjax.experiment.runner import (
+  ResumeError,
   Runner,
   check_settings,
   run_suite,
@@ -124,6 +125,8 @@ def main(argv):
     sys.exit(f"FATAL: {one_line(str(e))}")
   try:
     run_and_report(settings, source, prompts, target, method, log)
+  except ResumeError as e:  # the workdir's records were decoded with other weights
+    sys.exit(f"FATAL: {one_line(str(e))}")
   except OSError as e:  # e.g. a full disk: the records written so far are kept
     sys.exit(f"FATAL: {one_line(str(e))}")
 

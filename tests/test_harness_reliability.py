@@ -3,6 +3,7 @@ wrong config values, special-token strings in user text, and the counters at a c
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -107,6 +108,26 @@ def test_prompt_ids_may_be_strings_and_must_be_unique(target, tmp_path):
     tasks.load_spec_bench(dup, ("qa",))
   with pytest.raises(ValueError, match="prompt ids must be unique; repeated: fq-785e39b4"):
     runner_lib.run_suite(make_runner(target, settings), prompts * 2, str(tmp_path / "d"), {})
+
+
+def test_a_resume_with_other_weights_is_refused(target, tmp_path):
+  # A drafter retrained since keeps its name and settings: its records must not be resumed.
+  draft_cfg = tiny_config(vocab=target.cfg.vocab_size, d_model=16, n_layers=1, max_position=512)
+
+  def runner_with(seed):
+    params = init_params(jax.random.PRNGKey(seed), draft_cfg)
+    method = Method("draft_k2", DraftModelDrafter(draft_cfg, k=2), params)
+    return runner_lib.Runner(target, [method], GenerateConfig(max_new_tokens=4))
+
+  workdir = str(tmp_path / "run")
+  runner_lib.run_suite(runner_with(1), [], workdir, {"k": 2})
+  runner_lib.run_suite(runner_with(1), [], workdir, {"k": 2})  # the same weights resume
+  with pytest.raises(runner_lib.ResumeError, match=r"different weights .*\['draft_k2'\]"):
+    runner_lib.run_suite(runner_with(2), [], workdir, {"k": 2})
+  runner = runner_with(1)
+  runner.target = dataclasses.replace(target, params=init_params(jax.random.PRNGKey(9), target.cfg))
+  with pytest.raises(runner_lib.ResumeError, match=r"differ in \['target'\]"):
+    runner_lib.run_suite(runner, [], workdir, {"k": 2})
 
 
 def test_non_utf8_prompt_file_names_the_file_and_line(tmp_path):

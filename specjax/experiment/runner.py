@@ -22,7 +22,9 @@ method produces the same answer anyway, which `same_as_ar` records). Counts and 
 over turns.
 
 One JSON record per prompt is appended to `records.jsonl` as soon as the prompt finishes; a rerun
-with the same settings skips the prompts already there. A prompt that cannot run (too long for the
+with the same settings (`settings.json`) and the same weights (`weights.json`: a fingerprint of the
+target's and of each method's weights, so that a drafter retrained since is not resumed from its
+predecessor's records) skips the prompts already there. A prompt that cannot run (too long for the
 context, a chat template error, out of memory) is recorded there too, as
 `{"category", "prompt_id", "error"}`, and skipped: the suite goes on, the summary counts it, and a
 rerun does not retry it (delete its line to retry).
@@ -48,6 +50,7 @@ from specjax.experiment.methods import Method, Target
 from specjax.experiment.settings import SMCSettings
 from specjax.experiment.tasks import Prompt, conversation
 from specjax.generate import GenerateConfig, generate, pad_prompts
+from specjax.integrity import weights_fingerprint
 from specjax.metrics import SpecMetrics, summarize
 from specjax.smc import SMCConfig, smc_generate
 from specjax.speculative import speculative_generate
@@ -55,6 +58,11 @@ from specjax.tree_speculative import tree_speculative_generate
 
 RECORDS = "records.jsonl"
 SETTINGS = "settings.json"
+WEIGHTS = "weights.json"
+
+
+class ResumeError(ValueError):
+  """A workdir holds a run with other settings or weights than the run asked to resume it."""
 
 
 # What a prompt that cannot run raises (user-input and resource errors, not programming errors).
@@ -327,19 +335,40 @@ def check_settings(workdir: str, settings: dict) -> None:
   Cheap, so entry points call it before loading any model.
 
   Raises:
-    ValueError: if `workdir` holds a run with other settings, or cannot be created or written.
+    ResumeError: if `workdir` holds a run with other settings.
+    ValueError: if `workdir` cannot be created or written.
   """
   check_writable(workdir)
-  path = os.path.join(workdir, SETTINGS)
-  text = json.dumps(settings, indent=2, sort_keys=True, default=str)
+  _write_or_compare(workdir, SETTINGS, settings, "settings")
+
+
+def check_weights(workdir: str, runner: Runner) -> None:
+  """Writes `weights.json`, or checks that a resumed run decodes with the same weights.
+
+  The fingerprints (`specjax.integrity.weights_fingerprint`) are of the target's weights and of
+  each method's draft parameters: settings name a shipped drafter or a model, not which weights
+  that name held when the records were written.
+
+  Raises:
+    ResumeError: naming the models whose weights differ from the resumed run's.
+  """
+  fingerprints = {"target": weights_fingerprint(runner.target.params)}
+  fingerprints |= {m.name: weights_fingerprint(m.draft_params) for m in runner.methods}
+  _write_or_compare(workdir, WEIGHTS, fingerprints, "weights (a model or drafter changed since)")
+
+
+def _write_or_compare(workdir: str, name: str, value: dict, what: str) -> None:
+  """Writes `value` as JSON to `workdir/name`, or raises if the file there holds another value."""
+  path = os.path.join(workdir, name)
+  text = json.dumps(value, indent=2, sort_keys=True, default=str)
   if os.path.exists(path):
     with open(path) as f:
       old = json.load(f)
     new = json.loads(text)
     if old != new:
       diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
-      raise ValueError(
-        f"{workdir} holds a run with different settings (differ in {diff}); "
+      raise ResumeError(
+        f"{workdir} holds a run with different {what} (differ in {diff}); "
         "use a new --workdir or delete the old one"
       )
     return
@@ -375,6 +404,10 @@ def run_suite(
   A prompt that raises one of `SKIPPABLE` gets an error record instead (see the module docstring)
   and the suite goes on; `skipped_records` lists those.
 
+  Raises:
+    ResumeError: if `workdir` holds a run with other settings or weights (`check_settings`,
+      `check_weights`).
+
   Returns:
     The records of `prompts` that ran (finished earlier or now), in the order of `prompts`.
   """
@@ -382,6 +415,7 @@ def run_suite(
   if dups:
     raise ValueError(f"prompt ids must be unique; repeated: {', '.join(dups)}")
   check_settings(workdir, settings)
+  check_weights(workdir, runner)
   path = os.path.join(workdir, RECORDS)
   finished = read_records(path)
   _drop_torn_tail(path)
