@@ -38,9 +38,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The shipped mask path read steps 0-419 of seed 0's data order (120 steps from the base's
   # layer, 60 warm-started, 60 more over the base continued again, 120 more over the same base,
   # 60 over the base continued once more: held-out simulated tau 1.788 -> 1.853; 60 over the
-  # base's H200-trained seventh stage: 1.886), then steps 1800-1859 over the eighth (the windows
-  # the base's eighth stage had just read through, so the cache held them); a retraining reads on.
-  config.train.data_start = 1860
+  # base's H200-trained seventh stage: 1.886), steps 1800-1859 over the eighth (1.906) and steps
+  # 2120-2179 over the ninth (1.943): the windows each base stage had just read through, so the
+  # cache held them. A retraining reads on.
+  config.train.data_start = 2180
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.k = 3
