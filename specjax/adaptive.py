@@ -53,6 +53,7 @@ from specjax.branching import run_one_of
 from specjax.decode import DecodeState, target_step
 from specjax.drafters.base import StepResult
 from specjax.kernels import build as kernels_build
+from specjax.kernels import projection
 
 
 @dataclasses.dataclass(frozen=True)
@@ -415,6 +416,7 @@ def machine_id() -> dict:
     "device": f"{dev.platform} {dev.device_kind}",
     "n_devices": jax.device_count(),
     **({"cpu_kernels": kernels_build.version()} if dev.platform == "cpu" else {}),
+    **({"cpu_amx": True} if dev.platform == "cpu" and projection.amx_enabled() else {}),
   }
 
 

@@ -226,11 +226,27 @@ def _assert_rows_independent(f, x):
       assert not bad, f"output {i}, M={m}: rows {bad} differ from the same rows computed alone"
 
 
+def _tiles(use: bool, monkeypatch) -> None:
+  """Lower the next jitted projections with AMX tiles (bfloat16 products) or without."""
+  if use and not linear_mod.amx.amx_available()[0]:
+    pytest.skip(f"no AMX here: {linear_mod.amx.amx_available()[1]}")
+  monkeypatch.setattr(linear_mod, "USE_AMX", use)
+
+
+@pytest.mark.parametrize("tiles", [False, True], ids=["vector", "amx"])
+@pytest.mark.parametrize("K", [296, 288])
 @pytest.mark.parametrize("x_dtype,w_dtype", _LINEAR_DTYPES)
-def test_projection_rows_independent_of_row_count(x_dtype, w_dtype):
-  """A verify pass over k tokens gives each token what a pass over that token alone gives."""
+def test_projection_rows_independent_of_row_count(x_dtype, w_dtype, K, tiles, monkeypatch):
+  """A verify pass over k tokens gives each token what a pass over that token alone gives.
+
+  K = 296 is not a multiple of 16 or 32 (the scalar tails run, and AMX is never used); K = 288 is
+  nine tile steps, so bfloat16 products go through AMX tiles where `tiles` asks for them, with
+  N = 70 leaving 6 columns to the vector path.
+  """
+  if tiles and x_dtype != jnp.bfloat16:
+    pytest.skip("AMX tiles take bfloat16 x and weights only")
+  _tiles(tiles, monkeypatch)
   assert kernels.kernel_enabled(max(_ROW_COUNTS))
-  K = 296  # not a multiple of 16 or 32: the scalar tails run too
   ks = jax.random.split(jax.random.PRNGKey(21), 5)
   x = jax.random.normal(ks[0], (max(_ROW_COUNTS), K)).astype(x_dtype)
   wa, wb, wc = (
@@ -270,6 +286,25 @@ def test_attention_rows_independent_of_token_count(dtype):
     got = np.asarray(f(q[:, :m], mask[:, :m]), np.float32)[0]
     bad = [r for r in range(m) if not np.array_equal(got[r], alone[r, 0, 0])]
     assert not bad, f"T={m}: queries {bad} differ from the same queries computed alone"
+
+
+def test_amx_tiles_take_bfloat16_projections(monkeypatch):
+  """With AMX the bfloat16 projections lower with the tile path asked for, give the reference
+  within float32 rounding, and other bits than `vdpbf16ps` (so the tile path really ran)."""
+  _tiles(True, monkeypatch)
+  ks = jax.random.split(jax.random.PRNGKey(23), 3)
+  x = jax.random.normal(ks[0], (8, 576)).astype(jnp.bfloat16)
+  w = jax.random.normal(ks[1], (70, 576)).astype(jnp.bfloat16)
+  tiled = jax.jit(lambda x: kernels.linear(x, w))
+  assert "amx = 1" in tiled.lower(x).as_text()
+  got = np.asarray(tiled(x))
+  np.testing.assert_allclose(got, _ref(x, w), rtol=1e-4, atol=1e-4)
+  monkeypatch.setattr(linear_mod, "USE_AMX", False)
+  vector = jax.jit(lambda x: kernels.linear(x, w))
+  assert "amx = 0" in vector.lower(x).as_text()
+  other = np.asarray(vector(x))
+  assert not np.array_equal(got[:, :64], other[:, :64])
+  np.testing.assert_array_equal(got[:, 64:], other[:, 64:])  # the 6 tail columns: vector path
 
 
 def _proc_cpu_flags() -> set[str]:

@@ -1,9 +1,8 @@
 """Optional compiled CPU kernels, called through `jax.ffi` (plain JAX elsewhere and as fallback).
 
-bfloat16 weights with bfloat16 activations use AVX512-BF16 `vdpbf16ps` (float32 accumulation) where
-the CPU has it. There is no AMX tile path: no machine with AMX has been reachable to build and test
-one (the development machine is an AMD Zen 5: AVX512-BF16, no AMX). `amx_available()` reports
-whether this process could use AMX tiles and requests the Linux tile permission where it could.
+bfloat16 weights with bfloat16 activations use AMX tiles where the CPU, the OS and the Linux tile
+permission allow (`amx_available()`; `SPECJAX_AMX=0` turns them off), else AVX512-BF16 `vdpbf16ps`
+where the CPU has it; float32 accumulation either way.
 """
 
 from specjax.kernels.amx import amx_available

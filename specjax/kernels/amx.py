@@ -8,10 +8,9 @@ instruction (without it TILELOADD raises SIGILL, which is how llama.cpp's AMX pa
 machine where standalone AMX programs run). `amx_available` checks all three in that order and
 requests the permission once per process.
 
-specjax has no AMX tile kernel: no machine with AMX has been reachable to write or test one (the
-development machine is an AMD Zen 5, which has AVX512-BF16 but no AMX). The bfloat16 projections
-use AVX512-BF16 `vdpbf16ps` (`cpu_linear.cc`), float32 accumulation. A tile kernel added later must
-be gated on `amx_available()`, which also holds the permission it needs.
+The bfloat16 projections (`cpu_linear.cc`) use AMX tiles where `amx_available()` says so and
+`SPECJAX_AMX` is not "0" (`projection.amx_enabled`), else AVX512-BF16 `vdpbf16ps`; both accumulate
+in float32 but in different orders, so one process uses one of them for every call.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 // What the CPU and the OS allow of AMX (Advanced Matrix Extensions), and the Linux request for the
-// tile-data permission. No FFI handler and no tile code: `specjax/kernels/amx.py` calls these
-// through ctypes and decides. They are built into the kernels' own library so that a future tile
-// kernel shares the build (flags, compiler) these checks ran under.
+// tile-data permission. `specjax/kernels/amx.py` calls these through ctypes and decides; the tile
+// code is in cpu_linear.cc, run only after that decision (a tile instruction without the
+// permission raises SIGILL).
 //
 //   SpecjaxCpuid7(out)      CPUID leaf 7 subleaf 0: out = {EAX, EBX, ECX, EDX}; returns 0 when the
 //                           CPU has no leaf 7 (or is not x86), 1 otherwise.

@@ -3,9 +3,10 @@
 //   y[m, :] = concat_i(x[m, :] @ w_i[layer].T)            (epilogue 0: one or more weights)
 //   y[m, :] = silu(x[m, :] @ w_0[layer].T) * (x[m, :] @ w_1[layer].T)   (epilogue 1: SwiGLU)
 //
-// x is float32 [..., K], or bfloat16 when every w_i is (products then use the CPU's bf16 dot
-// instruction `vdpbf16ps` (AVX512-BF16), accumulating in float32, where it has one; there is no
-// AMX tile path, see amx.py); each w_i is float32 or bfloat16,
+// x is float32 [..., K], or bfloat16 when every w_i is (products then use AMX tiles when the
+// caller asks for them (attribute `amx`, set only where `amx.py` found the CPU, the OS and the
+// process permission ready), else the CPU's bf16 dot instruction `vdpbf16ps` (AVX512-BF16), both
+// accumulating in float32); each w_i is float32 or bfloat16,
 // [N_i, K] or stacked [L, N_i, K] with `layer` picking one (read in place: no slice is
 // materialised); y is float32 [..., N]. Each
 // weight row is read from memory once per call and multiplied against every row of x while it
@@ -18,6 +19,13 @@
 // k in one fixed order, with the same explicit fused multiply-adds, then take the same horizontal
 // sum and tail, in the 1- to 4-row tiles alike (AVX2 uses tiles of at most 2 rows), and chunks
 // split output columns, never rows (tests/test_cpu_kernels.py checks M = 1..64). A verify pass over k tokens thus gives each token what a decode step would.
+//
+// The AMX path keeps that property: a tile product computes every output element on its own, over
+// k in one fixed order, whatever the tile's other rows and columns hold, and which path an output
+// column takes (tiles for whole blocks of 16 columns, `vdpbf16ps` for the last N % 16) depends on
+// N and K only, never on M or on how columns are split between threads. Its bits differ from the
+// `vdpbf16ps` path's, so a process uses one or the other for every call (the attribute is fixed
+// when the computation is lowered, from `SPECJAX_AMX` and the CPU).
 
 #include <algorithm>
 #include <cmath>
@@ -127,6 +135,72 @@ inline void TileMBf16(const uint16_t* x, const uint16_t* w, int64_t K, int64_t m
 }
 #endif
 
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define SPECJAX_AMX 1
+// AMX: y^T = w x^T, one tile of 16 weight rows against a block of up to 16 rows of x at a time.
+// Tile registers: 0 the accumulator C (weight rows x rows of x, float32), 1 the packed x operand
+// B, 2 the weights A (16 weight rows x 32 k, loaded in place from the [N, K] weights). One tile at
+// a time streamed best at one row of x (a decode step) of the layouts measured on an Emerald
+// Rapids (RESULTS.md): more weight tiles per step mean more strided rows in flight.
+constexpr int kAmxK = 32;     // k per tile product (16 bf16 pairs)
+constexpr int kAmxRows = 16;  // weight rows per tile; rows of x per block at most
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Loads this thread's tile configuration for blocks of `width` rows of x (1..16).
+inline void ConfigureTiles(int width) {
+  TileConfig cfg;
+  cfg.rows[0] = kAmxRows, cfg.colsb[0] = 4 * width;   // C
+  cfg.rows[1] = kAmxK / 2, cfg.colsb[1] = 4 * width;  // B
+  cfg.rows[2] = kAmxRows, cfg.colsb[2] = 2 * kAmxK;   // A
+  _tile_loadconfig(&cfg);
+}
+
+// x in blocks of `width` rows in the tiles' pair-interleaved layout:
+// packed[b][kb][p][j][t] = x[b * width + j][kb * 32 + 2p + t], zero past row M.
+std::vector<uint16_t> PackX(const uint16_t* x, int64_t M, int64_t K, int width) {
+  const int64_t blocks = (M + width - 1) / width, kbs = K / kAmxK;
+  std::vector<uint16_t> packed(blocks * K * width, 0);
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int j = 0; j < width && b * width + j < M; ++j) {
+      const uint16_t* row = x + (b * width + j) * K;
+      uint16_t* out = packed.data() + b * K * width + 2 * j;
+      for (int64_t kb = 0; kb < kbs; ++kb)
+        for (int p = 0; p < kAmxK / 2; ++p)
+          for (int t = 0; t < 2; ++t)
+            out[(kb * (kAmxK / 2) + p) * 2 * width + t] = row[kb * kAmxK + 2 * p + t];
+    }
+  }
+  return packed;
+}
+
+// c[i][j] = w[i, :] . x[block row j] for the 16 weight rows at w; c is 16 rows of `width` floats.
+// The 16 rows at `pf` (the next tile's, contiguous with these) are prefetched into L2 meanwhile,
+// in address order.
+inline void AmxTile(const uint16_t* xb, const uint16_t* w, int64_t K, int width, float* c,
+                    const uint16_t* pf) {
+  const int64_t kbs = K / kAmxK;
+  const int64_t lines = pf != nullptr ? kAmxRows * K * 2 / 64 : 0;
+  int64_t next_line = 0;
+  _tile_zero(0);
+  for (int64_t kb = 0; kb < kbs; ++kb) {
+    for (int64_t stop = lines * (kb + 1) / kbs; next_line < stop; ++next_line)
+      __builtin_prefetch(reinterpret_cast<const char*>(pf) + next_line * 64, 0, 2);
+    _tile_loadd(1, xb + kb * kAmxK * width, 4 * width);
+    _tile_loadd(2, w + kb * kAmxK, 2 * K);
+    _tile_dpbf16ps(0, 2, 1);
+  }
+  _tile_stored(0, c, 4 * width);
+}
+#endif
+
 struct Weight {
   const void* data;  // this layer's [N, K]
   bool bf16;
@@ -188,6 +262,8 @@ struct Problem {
   int epilogue;
   Weight w[kMaxWeights];
   int n_weights;
+  const uint16_t* x_tiles = nullptr;  // x packed for AMX (PackX), or null: no tile path
+  int tile_width = 0;                 // rows of x per packed block
 };
 
 struct Chunk {
@@ -220,15 +296,54 @@ void RunChunk(const Problem& p, const Chunk& c) {
   }
 }
 
+#if defined(SPECJAX_AMX)
+// RunChunk through AMX tiles: whole tiles of 16 output columns; the last c.end % 16 columns (only
+// the weight's last chunk has them) through `RunChunk`.
+void RunChunkAmx(const Problem& p, const Chunk& c) {
+  const int width = p.tile_width;
+  float a[kAmxRows * kAmxRows], b[kAmxRows * kAmxRows];
+  ConfigureTiles(width);
+  int64_t n = c.begin;
+  for (; n + kAmxRows <= c.end; n += kAmxRows) {
+    for (int64_t m = 0; m < p.M; m += width) {
+      const int mb = static_cast<int>(std::min<int64_t>(width, p.M - m));
+      const uint16_t* xb = p.x_tiles + (m / width) * p.K * width;
+      auto product = [&](const Weight& wt, float* out) {
+        const uint16_t* w = static_cast<const uint16_t*>(wt.data) + n * p.K;
+        const bool ahead = m == 0 && n + 2 * kAmxRows <= wt.n;
+        AmxTile(xb, w, p.K, width, out, ahead ? w + kAmxRows * p.K : nullptr);
+      };
+      if (p.epilogue == 1) {
+        product(p.w[0], a);
+        product(p.w[1], b);
+        for (int j = 0; j < mb; ++j)
+          for (int i = 0; i < kAmxRows; ++i) {
+            const float g = a[i * width + j];
+            p.y[(m + j) * p.ldy + n + i] = g / (1.f + std::exp(-g)) * b[i * width + j];
+          }
+      } else {
+        const Weight& wt = p.w[c.weight];
+        product(wt, a);
+        for (int j = 0; j < mb; ++j)
+          for (int i = 0; i < kAmxRows; ++i) p.y[(m + j) * p.ldy + wt.col + n + i] = a[i * width + j];
+      }
+    }
+  }
+  _tile_release();
+  if (n < c.end) RunChunk(p, {c.weight, n, c.end});
+}
+#endif
+
 void Run(ffi::ThreadPool& pool, int64_t max_threads, const Problem& problem) {
   int64_t threads = std::max<int64_t>(1, pool.num_threads());
   if (max_threads > 0) threads = std::min(threads, max_threads);
   const int segments = problem.epilogue == 1 ? 1 : problem.n_weights;
   int64_t rows_total = 0;
   for (int s = 0; s < segments; ++s) rows_total += problem.w[s].n;
-  // Chunks of a multiple of 4 rows, about four per thread for balance, none tiny.
+  // Chunks of a multiple of 4 rows (16 for tiles), about four per thread for balance, none tiny.
+  const int64_t align = problem.x_tiles != nullptr ? 16 : 4;
   int64_t rows = (rows_total + threads * 4 - 1) / (threads * 4);
-  rows = std::max<int64_t>(threads > 1 ? 32 : rows_total, (rows + 3) / 4 * 4);
+  rows = std::max<int64_t>(threads > 1 ? 32 : rows_total, (rows + align - 1) / align * align);
   std::vector<Chunk> chunks;
   for (int s = 0; s < segments; ++s) {
     for (int64_t b = 0; b < problem.w[s].n; b += rows) {
@@ -236,13 +351,20 @@ void Run(ffi::ThreadPool& pool, int64_t max_threads, const Problem& problem) {
     }
   }
   const Chunk* c = chunks.data();
+#if defined(SPECJAX_AMX)
+  if (problem.x_tiles != nullptr) {
+    ParallelFor(pool, threads, static_cast<int64_t>(chunks.size()),
+                [&problem, c](int64_t i) { RunChunkAmx(problem, c[i]); });
+    return;
+  }
+#endif
   ParallelFor(pool, threads, static_cast<int64_t>(chunks.size()),
               [&problem, c](int64_t i) { RunChunk(problem, c[i]); });
 }
 
 ffi::Error LinearImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S32> layer,
                       ffi::RemainingArgs weights, ffi::ResultBuffer<ffi::F32> y,
-                      int64_t max_threads, int64_t epilogue) {
+                      int64_t max_threads, int64_t epilogue, int64_t amx) {
   auto xd = x.dimensions();
   if (xd.size() == 0) return ffi::Error::InvalidArgument("cpu_linear: x must be [..., K]");
   Problem p;
@@ -297,6 +419,20 @@ ffi::Error LinearImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S
   if (static_cast<int64_t>(y->element_count()) != p.M * p.ldy) {
     return ffi::Error::InvalidArgument("cpu_linear: output has the wrong size");
   }
+  std::vector<uint16_t> x_tiles;
+  if (amx != 0) {
+#if defined(SPECJAX_AMX)
+    // Only the bf16 product path, and only where K is whole tile steps (else the caller's choice
+    // falls back to vdpbf16ps for this weight shape, whatever M is).
+    if (p.x.bf16 != nullptr && p.K % kAmxK == 0 && p.M > 0) {
+      p.tile_width = static_cast<int>(std::min<int64_t>(kAmxRows, p.M));
+      x_tiles = PackX(p.x.bf16, p.M, p.K, p.tile_width);
+      p.x_tiles = x_tiles.data();
+    }
+#else
+    return ffi::Error::InvalidArgument("cpu_linear: built without AMX (amx=1 asked)");
+#endif
+  }
   if (p.M > 0) Run(pool, max_threads, p);
   return ffi::Error::Success();
 }
@@ -311,4 +447,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxCpuLinear, LinearImpl,
                                 .RemainingArgs()
                                 .Ret<ffi::Buffer<ffi::F32>>()
                                 .Attr<int64_t>("max_threads")
-                                .Attr<int64_t>("epilogue"));
+                                .Attr<int64_t>("epilogue")
+                                .Attr<int64_t>("amx"));

@@ -19,13 +19,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.kernels import build
+from specjax.kernels import amx, build
 from specjax.kernels.dispatch import kernel_or_fallback
 
 # Rows of x up to which the kernel beats XLA's GEMM on CPU (measured: benchmarks/RESULTS.md).
 MAX_KERNEL_ROWS = 64
 # Threads per kernel call (0: XLA's intra-op pool size); for experiments on shared machines.
 MAX_THREADS = int(os.environ.get("SPECJAX_KERNEL_THREADS", "0"))
+# AMX tiles for bfloat16 x and weights where the CPU has them; SPECJAX_AMX=0 keeps `vdpbf16ps`.
+USE_AMX = os.environ.get("SPECJAX_AMX", "1") != "0"
 
 _NONE, _SWIGLU = 0, 1
 
@@ -47,14 +49,21 @@ def _call(x, ws, layer, epilogue):
   n = ws[0].shape[-2] if epilogue == _SWIGLU else sum(w.shape[-2] for w in ws)
   out = jax.ShapeDtypeStruct(x.shape[:-1] + (n,), jnp.float32)
   call = jax.ffi.ffi_call("specjax_cpu_linear", out, vmap_method="sequential")
-  all_bf16 = all(w.dtype == jnp.bfloat16 for w in ws)
+  bf16 = x.dtype == jnp.bfloat16 and all(w.dtype == jnp.bfloat16 for w in ws)
   return call(
-    x if x.dtype == jnp.bfloat16 and all_bf16 else x.astype(jnp.float32),
+    x if bf16 else x.astype(jnp.float32),
     layer,
     *ws,
     max_threads=np.int64(MAX_THREADS),
     epilogue=np.int64(epilogue),
+    amx=np.int64(bf16 and amx_enabled()),
   )
+
+
+def amx_enabled() -> bool:
+  """Whether bfloat16 projections use AMX tiles in this process (fixed per process: a verify
+  pass and a decode step must take the same path to give the same bits)."""
+  return USE_AMX and amx.amx_available()[0]
 
 
 def kernel_enabled(rows: int) -> bool:
