@@ -1,8 +1,8 @@
 """Chain vs static tree vs dynamic (EAGLE-2) tree drafting against AR, in one process.
 
-SmolLM2-135M-Instruct (as the registry loads it, float32), greedy, batch 1, the first prompt(s) of
-each Spec-Bench category (first turn, chat template), with the drafters shipped for it
-(`specjax.drafters.shipped`):
+SmolLM2-135M-Instruct (as the registry loads it, in `--dtype`: float32 by default), greedy, batch
+1, the first prompt(s) of each Spec-Bench category (first turn, chat template), with the drafters
+shipped for it (`specjax.drafters.shipped`):
   * chain: the EAGLE head (`--eagle`, default eagle1) drafting `--k` tokens;
   * static_tree: the Medusa heads (`--medusa`, default medusa4), Medusa-style: a static tree of
     `--static_nodes` nodes built from the heads' held-out top-1 accuracies (rank r at depth d
@@ -46,6 +46,7 @@ from specjax.tree_speculative import tree_speculative_generate
 from specjax.trees import describe, tree_from_rank_probs
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Registry name, HF dir or .gguf.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
 _SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl (default: shared).")
 _CATEGORIES = flags.DEFINE_list("categories", list(SPEC_BENCH_CATEGORIES), "Categories.")
 _PER_CATEGORY = flags.DEFINE_integer("per_category", 1, "Prompts per category.")
@@ -114,7 +115,7 @@ def main(argv):
   del argv
   path = find_spec_bench(_SPEC_BENCH.value)
   prompts = load_spec_bench(path, _CATEGORIES.value, _PER_CATEGORY.value, turns=1)
-  target = load_target(_MODEL.value)
+  target = load_target(_MODEL.value, _DTYPE.value)
   gen = GenerateConfig(_MAX_NEW.value, stop_tokens=target.tokenizer.stop_ids)
   runs = [("ar", "ar", None, None)] + shipped_methods(target)
   if _DRAFT_LAYERS.value:
@@ -157,8 +158,9 @@ def main(argv):
     print("  " + " | ".join(line), flush=True)
 
   ar = totals["ar"]
-  print(f"\n{_MODEL.value}, greedy, batch 1, {n_prompts} Spec-Bench prompts, max_new_tokens "
-        f"{_MAX_NEW.value}; chain/dynamic: {_EAGLE.value}, static: {_MEDUSA.value}; load average "
+  print(f"\n{_MODEL.value} ({_DTYPE.value}), greedy, batch 1, {n_prompts} Spec-Bench prompts, "
+        f"max_new_tokens {_MAX_NEW.value}; chain/dynamic: {_EAGLE.value}, static: "
+        f"{_MEDUSA.value}; load average "
         f"at end {' '.join(f'{x:.1f}' for x in os.getloadavg())}")  # fmt: skip
   head = f"{'method':<14}{'nodes/pass':>11}{'tau':>7}{'ms/pass':>9}{'tok/s':>8}{'speedup':>9}"
   print(head + "  identical")

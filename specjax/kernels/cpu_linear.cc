@@ -325,7 +325,8 @@ void RunChunkAmx(const Problem& p, const Chunk& c) {
         const Weight& wt = p.w[c.weight];
         product(wt, a);
         for (int j = 0; j < mb; ++j)
-          for (int i = 0; i < kAmxRows; ++i) p.y[(m + j) * p.ldy + wt.col + n + i] = a[i * width + j];
+          for (int i = 0; i < kAmxRows; ++i)
+            p.y[(m + j) * p.ldy + wt.col + n + i] = a[i * width + j];
       }
     }
   }
