@@ -307,6 +307,31 @@ def test_amx_tiles_take_bfloat16_projections(monkeypatch):
   np.testing.assert_array_equal(got[:, 64:], other[:, 64:])  # the 6 tail columns: vector path
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_attention_same_keys_scattered_or_contiguous(dtype):
+  """A tree node sees the context and its ancestors scattered through the block; the AR step sees
+  the same keys in a row. The same query over the same sequence of visible keys and values gives
+  the same bits either way (greedy trees are token-identical to AR only if it does)."""
+  ctx, S, H, Hkv, Dh = 37, 112, 9, 3, 32
+  kq, kk, kv, kj = jax.random.split(jax.random.PRNGKey(24), 4)
+  q = jax.random.normal(kq, (1, 1, H, Dh)).astype(dtype)
+  keys = jax.random.normal(kk, (ctx + 6, Hkv, Dh)).astype(dtype)
+  vals = jax.random.normal(kv, (ctx + 6, Hkv, Dh)).astype(dtype)
+  junk = jax.random.normal(kj, (2, S, Hkv, Dh)).astype(dtype) * 3
+  f = jax.jit(lambda k, v, m: kernels.attention(q, k[None, None], v[None, None], jnp.int32(0), m))
+  for spots in ([0, 3, 7, 9, 12, 13], [1, 2, 4, 8, 16, 31], [5, 6, 7, 8, 9, 10]):
+    slots = np.array(list(range(ctx)) + [ctx + j for j in spots])
+    k_tree = junk[0].at[slots].set(keys)
+    v_tree = junk[1].at[slots].set(vals)
+    m_tree = jnp.zeros((1, 1, S), bool).at[0, 0, slots].set(True)
+    k_ar = junk[0].at[: ctx + 6].set(keys)
+    v_ar = junk[1].at[: ctx + 6].set(vals)
+    m_ar = jnp.zeros((1, 1, S), bool).at[0, 0, : ctx + 6].set(True)
+    tree = np.asarray(f(k_tree, v_tree, m_tree), np.float32)
+    ar = np.asarray(f(k_ar, v_ar, m_ar), np.float32)
+    np.testing.assert_array_equal(tree, ar, err_msg=f"ancestors at block slots {spots}")
+
+
 def _proc_cpu_flags() -> set[str]:
   return set(build._cpu_flags().partition(":")[2].split())
 

@@ -70,6 +70,13 @@ void Scores(const float* const* q, const C* k, int64_t k_stride, int64_t Dh, int
 
 // In place: masked softmax of each score row over [0, n_slots). Returns false for a row with no
 // allowed slot (its probabilities are left all zero).
+//
+// A slot's probability depends only on the sequence of allowed scores, not on where the allowed
+// slots sit: every slot goes through the same vector exp (the tail in a padded vector), and the
+// normaliser sums the allowed slots' exponentials packed in slot order. So a tree node, whose
+// visible slots are the context plus its ancestors scattered through the block, gets the bits the
+// AR step gets when the same keys are contiguous (a lane sum over the unpacked row would group
+// them differently; in bfloat16 that difference could change a greedy token).
 bool Softmax(float* row, const bool* allowed, int64_t n_slots) {
   float mx = -INFINITY;
   for (int64_t s = 0; s < n_slots; ++s) {
@@ -81,17 +88,25 @@ bool Softmax(float* row, const bool* allowed, int64_t n_slots) {
   }
   for (int64_t s = 0; s < n_slots; ++s) row[s] = allowed[s] ? row[s] - mx : -INFINITY;
   int64_t s = 0;
+  for (; s + kLanes <= n_slots; s += kLanes) StoreF32(row + s, Exp(LoadF32(row + s)));
+  if (s < n_slots) {
+    float tail[kLanes];
+    for (int j = 0; j < kLanes; ++j) tail[j] = s + j < n_slots ? row[s + j] : -INFINITY;
+    StoreF32(tail, Exp(LoadF32(tail)));
+    for (int j = 0; s + j < n_slots; ++j) row[s + j] = tail[j];
+  }
+  thread_local std::vector<float> packed;
+  packed.resize(n_slots);
+  int64_t n = 0;
+  for (int64_t j = 0; j < n_slots; ++j) {
+    packed[n] = row[j];
+    n += allowed[j];
+  }
   vf total = vf{};
-  for (; s + kLanes <= n_slots; s += kLanes) {
-    const vf e = Exp(LoadF32(row + s));
-    StoreF32(row + s, e);
-    total += e;
-  }
+  int64_t k = 0;
+  for (; k + kLanes <= n; k += kLanes) total += LoadF32(packed.data() + k);
   float sum = HSum(total);
-  for (; s < n_slots; ++s) {
-    row[s] = allowed[s] ? std::exp(row[s]) : 0.f;
-    sum += row[s];
-  }
+  for (; k < n; ++k) sum += packed[k];
   const float inv = 1.f / sum;
   for (int64_t j = 0; j < n_slots; ++j) row[j] *= inv;
   return true;
