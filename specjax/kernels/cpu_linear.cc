@@ -18,7 +18,8 @@
 // Every row of y is the same bits whatever M is: a row's dot products accumulate lane by lane over
 // k in one fixed order, with the same explicit fused multiply-adds, then take the same horizontal
 // sum and tail, in the 1- to 4-row tiles alike (AVX2 uses tiles of at most 2 rows), and chunks
-// split output columns, never rows (tests/test_cpu_kernels.py checks M = 1..64). A verify pass over k tokens thus gives each token what a decode step would.
+// split output columns, never rows (tests/test_cpu_kernels.py checks M = 1..64). A verify pass
+// over k tokens thus gives each token what a decode step would.
 //
 // The AMX path keeps that property: a tile product computes every output element on its own, over
 // k in one fixed order, whatever the tile's other rows and columns hold, and which path an output
@@ -439,6 +440,15 @@ ffi::Error LinearImpl(ffi::ThreadPool pool, ffi::AnyBuffer x, ffi::Buffer<ffi::S
 }
 
 }  // namespace
+
+// 1 if this build has the AMX tile path (the compiler targeted AMX-TILE and AMX-BF16), else 0.
+extern "C" int SpecjaxLinearHasAmx() {
+#if defined(SPECJAX_AMX)
+  return 1;
+#else
+  return 0;
+#endif
+}
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxCpuLinear, LinearImpl,
                               ffi::Ffi::Bind()

@@ -61,9 +61,11 @@ def _call(x, ws, layer, epilogue):
 
 
 def amx_enabled() -> bool:
-  """Whether bfloat16 projections use AMX tiles in this process (fixed per process: a verify
-  pass and a decode step must take the same path to give the same bits)."""
-  return USE_AMX and amx.amx_available()[0]
+  """Whether bfloat16 projections use AMX tiles in this process: the CPU, the OS and the Linux
+  permission allow them (`amx.amx_available`), the kernels were built with them, and `SPECJAX_AMX`
+  is not "0". Fixed per process: a verify pass and a decode step must take the same path to give
+  the same bits."""
+  return USE_AMX and amx.amx_available()[0] and build.library().SpecjaxLinearHasAmx() == 1
 
 
 def kernel_enabled(rows: int) -> bool:
