@@ -50,6 +50,17 @@ inline void ScoreTile(const float* const* q, const C* k, int64_t k_stride, int64
       for (int j = 0; j < NB; ++j) acc[i][j] = Fma(qv, kv[j], acc[i][j]);
     }
   }
+#if SPECJAX_LANES == 16
+  if constexpr (NB == kCols) {  // Dh % kLanes == 0 here (AttentionImpl checks), so no tail
+    vf all[16] = {};
+    for (int i = 0; i < MB; ++i)
+      for (int j = 0; j < NB; ++j) all[i * NB + j] = acc[i][j];
+    const vf sums = HSum16(all) * scale;
+    for (int i = 0; i < MB; ++i)
+      for (int j = 0; j < NB; ++j) scores[i * S + s0 + j] = sums[i * NB + j];
+    return;
+  }
+#endif
   for (int i = 0; i < MB; ++i) {
     for (int j = 0; j < NB; ++j) {
       float sum = HSum(acc[i][j]);
@@ -78,6 +89,38 @@ void Scores(const float* const* q, const C* k, int64_t k_stride, int64_t Dh, int
 // AR step gets when the same keys are contiguous (a lane sum over the unpacked row would group
 // them differently; in bfloat16 that difference could change a greedy token).
 bool Softmax(float* row, const bool* allowed, int64_t n_slots) {
+#if SPECJAX_LANES == 16 && defined(__AVX512BW__) && defined(__AVX512VL__)
+  // The same arithmetic as below, 16 slots per step: masked loads of the bool row, a masked max,
+  // and a compress-store packing the allowed exponentials in slot order.
+  auto in_row = [n_slots](int64_t s) -> __mmask16 {  // lanes s .. s + 15 that are in the row
+    return s + kLanes <= n_slots ? 0xffff : static_cast<__mmask16>((1u << (n_slots - s)) - 1);
+  };
+  auto visible = [allowed](int64_t s, __mmask16 in) -> __mmask16 {
+    return _mm_mask_test_epi8_mask(in, _mm_maskz_loadu_epi8(in, allowed + s), _mm_set1_epi8(1));
+  };
+  __m512 vmax = _mm512_set1_ps(-INFINITY);
+  for (int64_t s = 0; s < n_slots; s += kLanes) {
+    const __mmask16 in = in_row(s), ok = visible(s, in);
+    vmax = _mm512_mask_max_ps(vmax, ok, vmax, _mm512_maskz_loadu_ps(in, row + s));
+  }
+  const float mx = _mm512_reduce_max_ps(vmax);
+  if (mx == -INFINITY) {
+    std::fill(row, row + n_slots, 0.f);
+    return false;
+  }
+  thread_local std::vector<float> packed;
+  packed.resize(n_slots + kLanes);
+  int64_t n = 0;
+  const __m512 vmx = _mm512_set1_ps(mx), neg_inf = _mm512_set1_ps(-INFINITY);
+  for (int64_t s = 0; s < n_slots; s += kLanes) {
+    const __mmask16 in = in_row(s), ok = visible(s, in);
+    const __m512 x = _mm512_mask_sub_ps(neg_inf, ok, _mm512_maskz_loadu_ps(in, row + s), vmx);
+    const __m512 e = (__m512)Exp((vf)x);
+    _mm512_mask_storeu_ps(row + s, in, e);
+    _mm512_mask_compressstoreu_ps(packed.data() + n, ok, e);
+    n += __builtin_popcount(ok);
+  }
+#else
   float mx = -INFINITY;
   for (int64_t s = 0; s < n_slots; ++s) {
     if (allowed[s]) mx = std::max(mx, row[s]);
@@ -102,6 +145,7 @@ bool Softmax(float* row, const bool* allowed, int64_t n_slots) {
     packed[n] = row[j];
     n += allowed[j];
   }
+#endif
   vf total = vf{};
   int64_t k = 0;
   for (; k + kLanes <= n; k += kLanes) total += LoadF32(packed.data() + k);
