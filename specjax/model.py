@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.config import ModelConfig, rope_inv_freq
-from specjax.kernels import attention, linear, linear_multi, swiglu, write_layer
+from specjax.kernels import attention, linear, linear_multi, swiglu, take_rows, write_layer
 from specjax.kv_cache import KVCache
 
 
@@ -246,7 +246,7 @@ def forward(
     positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
   mask = attention_mask(lengths, T, S, new_mask)
   inv_freq = rope_inv_freq(cfg)
-  x = (params.embed[tokens] if embeds is None else embeds).astype(cfg.jnp_dtype)
+  x = (take_rows(params.embed, tokens) if embeds is None else embeds).astype(cfg.jnp_dtype)
 
   def body(carry, i):
     x, k_all, v_all = carry

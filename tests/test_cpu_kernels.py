@@ -156,6 +156,40 @@ def test_write_layer_gradient():
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
+def test_take_rows_moves_bfloat16_rows_without_a_float32_table():
+  """Rows by id, bit for bit `table[ids]` (negative ids from the end, others clamped), and inside a
+  loop no float32 copy of the whole table (XLA:CPU's gather would make one and hoist it)."""
+  V, D = 300, 24
+  table = jax.random.normal(jax.random.PRNGKey(16), (V, D)).astype(jnp.bfloat16)
+  ids = jnp.asarray([[0, 5, V - 1], [-1, -V, 7]], jnp.int32)
+  got = jax.jit(kernels.take_rows)(table, ids)
+  assert got.dtype == jnp.bfloat16 and got.shape == (2, 3, D)
+  np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(table[ids], np.float32))
+  clamped = jax.jit(kernels.take_rows)(table, jnp.asarray([V + 4], jnp.int32))
+  np.testing.assert_array_equal(np.asarray(clamped, np.float32), np.asarray(table[-1:], np.float32))
+
+  def walk(take):
+    def f(table, tok):
+      def step(t, _):
+        row = take(table, t).astype(jnp.float32)
+        return (t + jnp.argmax(row).astype(jnp.int32)) % V, row.sum()
+
+      return jax.lax.scan(step, tok, None, length=3)[1]
+
+    return jax.jit(f)
+
+  hlo = walk(kernels.take_rows).lower(table, jnp.int32(3)).compile().as_text()
+  assert "specjax_cpu_take_rows" in hlo and f"f32[{V},{D}]" not in hlo
+  plain = walk(lambda t, i: t[i]).lower(table, jnp.int32(3)).compile().as_text()
+  assert f"f32[{V},{D}]" in plain  # the copy this kernel avoids (if XLA stops making it, drop it)
+  np.testing.assert_array_equal(
+    walk(kernels.take_rows)(table, jnp.int32(3)), walk(lambda t, i: t[i])(table, jnp.int32(3))
+  )
+  tangent = jnp.ones_like(table)
+  _, t_got = jax.jvp(lambda t: kernels.take_rows(t, ids), (table,), (tangent,))
+  np.testing.assert_array_equal(np.asarray(t_got, np.float32), np.ones((2, 3, D), np.float32))
+
+
 def _attention_case(key, B, T, H, Hkv, Dh, S, L=3, dtype=jnp.float32):
   kq, kk, kv, km = jax.random.split(key, 4)
   q = jax.random.normal(kq, (B, T, H, Dh)).astype(dtype)

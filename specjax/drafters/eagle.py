@@ -32,7 +32,7 @@ from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
 from specjax.drafters.draft_vocab import draw, scatter_logq
 from specjax.drafters.registry import DrafterKind, layer_params, register
-from specjax.kernels import linear
+from specjax.kernels import linear, take_rows
 from specjax.kv_cache import KVCache, init_cache, read_rows, write_rows
 from specjax.model import LayerParams, attention_mask, rms_norm
 from specjax.sampling import SamplingConfig
@@ -89,7 +89,7 @@ def head_logits(params: EagleParams, o: jax.Array, eps: float) -> jax.Array:
 
 def layer_inputs(params: EagleParams, tokens: jax.Array, g: jax.Array) -> jax.Array:
   """W_in [embed(tokens); g]: [B, T] tokens and [B, T, D] features -> [B, T, D]."""
-  e = params.embed[tokens].astype(jnp.float32)
+  e = take_rows(params.embed, tokens).astype(jnp.float32)
   return linear(jnp.concatenate([e, g.astype(jnp.float32)], -1), params.w_in)
 
 

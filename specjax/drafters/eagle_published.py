@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax.config import ModelConfig, rope_inv_freq
+from specjax.kernels import take_rows
 from specjax.kernels.cache_attention import grouped_query_attention
 from specjax.loading.heads import Eagle3HeadParams, EagleHeadParams
 from specjax.model import apply_rope, rms_norm
@@ -55,7 +56,7 @@ def eagle_forward(
     features: [B, T, D] the target's final (post-norm) hidden states f_t.
     positions: [B, T] RoPE positions.
   """
-  e = embed[tokens].astype(jnp.float32)
+  e = take_rows(embed, tokens).astype(jnp.float32)
   x = _linear(jnp.concatenate([e, features.astype(jnp.float32)], -1), params.w_in, params.b_in)
   lp = params.layers
   for i in range(lp.wq.shape[0]):
@@ -83,7 +84,7 @@ def eagle3_forward(
   if g.shape[-1] != params.layer.hidden_norm.shape[0]:
     g = _linear(g, params.fuse)
   lp = params.layer
-  e = rms_norm(embed[tokens].astype(jnp.float32), lp.attn_norm, cfg.norm_eps)
+  e = rms_norm(take_rows(embed, tokens).astype(jnp.float32), lp.attn_norm, cfg.norm_eps)
   h = jnp.concatenate([e, rms_norm(g, lp.hidden_norm, cfg.norm_eps)], -1)
   x = g + _causal_attention(h, lp.wq, lp.wk, lp.wv, lp.wo, positions, cfg)
   x = x + _mlp(rms_norm(x, lp.mlp_norm, cfg.norm_eps), lp.w_gate, lp.w_up, lp.w_down)

@@ -10,6 +10,7 @@ from specjax.kernels.build import unavailable_reason
 from specjax.kernels.cache_attention import attention
 from specjax.kernels.cache_write import write_layer
 from specjax.kernels.projection import MAX_KERNEL_ROWS, kernel_enabled, linear, linear_multi, swiglu
+from specjax.kernels.take_rows import take_rows
 
 __all__ = [
   "MAX_KERNEL_ROWS",
@@ -19,6 +20,7 @@ __all__ = [
   "linear",
   "linear_multi",
   "swiglu",
+  "take_rows",
   "unavailable_reason",
   "write_layer",
 ]

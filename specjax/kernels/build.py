@@ -27,7 +27,7 @@ import tempfile
 import jax
 import jaxlib
 
-_SOURCES = ("cpu_linear.cc", "cpu_cache.cc", "cpu_attention.cc", "cpu_amx.cc")
+_SOURCES = ("cpu_linear.cc", "cpu_cache.cc", "cpu_take_rows.cc", "cpu_attention.cc", "cpu_amx.cc")
 _HEADERS = ("cpu_common.h",)
 # -ffp-contract=off: the sources fuse multiply-adds explicitly (cpu_common.h `Fma`), the same way in
 # every tile, so the compiler must not fuse others on its own.
@@ -36,6 +36,7 @@ _FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-std=c++17", "-fPIC", "-
 TARGETS = {
   "specjax_cpu_linear": "SpecjaxCpuLinear",
   "specjax_cpu_cache_write": "SpecjaxCpuCacheWrite",
+  "specjax_cpu_take_rows": "SpecjaxCpuTakeRows",
   "specjax_cpu_attention": "SpecjaxCpuAttention",
 }
 
