@@ -4,9 +4,11 @@ XLA:CPU runs the two batched dots of attention on copies of the layer's cache, t
 the (row, kv-head) batch axes lead; at batch 8 those copies cost as much as the projections. On CPU
 a kernel reads the [L, B, S, Hkv, Dh] cache in place, scores a block of queries of one kv head
 against its keys, takes the masked softmax and mixes the values, skipping slots after the last
-visible one. Elsewhere (other platforms, prefill-sized inputs, computations partitioned over several
-devices) it is the plain einsum formulation, `grouped_query_attention`, which the drafters' layers
-use over keys and values of their own.
+visible one. It serves prefills too: for a 1,024-token prompt it is 2.3x faster than the einsums
+(benchmarks/RESULTS.md), which build every [T, S] score block and copy the layer's cache. Elsewhere
+(other platforms, computations partitioned over several devices) it is the plain einsum
+formulation, `grouped_query_attention`, which the drafters' layers use over keys and values of
+their own.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.kernels import projection
+from specjax.kernels import build, projection
 from specjax.kernels.dispatch import kernel_or_fallback
-from specjax.kernels.projection import kernel_enabled
 
 
 def grouped_query_attention(q, k, v, mask, probs_dtype=None):
@@ -78,9 +79,9 @@ def attention(q, k_all, v_all, layer, mask):
   Returns:
     [B, T, H, Dh] in q's dtype.
   """
-  B, T, _, Dh = q.shape
+  Dh = q.shape[-1]
   usable = Dh % 16 == 0 and k_all.dtype in (jnp.float32, jnp.bfloat16)
-  if not usable or not kernel_enabled(B * T):
+  if not usable or not build.load():
     return reference(q, k_all, v_all, layer, mask)
   layer = jnp.asarray(layer, jnp.int32)
   return kernel_or_fallback(_call, reference, q, k_all, v_all, layer, mask)
