@@ -1,4 +1,5 @@
-// Attention of a few new tokens over one layer of the stacked KV cache, for XLA:CPU via the FFI.
+// Attention of new tokens (a decode step, a verify pass, a prefill) over one layer of the stacked
+// KV cache, for XLA:CPU via the FFI.
 //
 //   out[b, t, h, :] = sum_s p[b, t, h, s] v[layer, b, s, h / G, :],
 //   p[b, t, h, :] = softmax_s(scale * q[b, t, h, :] . k[layer, b, s, h / G, :], allowed by mask)
