@@ -4,7 +4,7 @@ XLA:CPU runs the two batched dots of attention on copies of the layer's cache, t
 the (row, kv-head) batch axes lead; at batch 8 those copies cost as much as the projections. On CPU
 a kernel reads the [L, B, S, Hkv, Dh] cache in place, scores a block of queries of one kv head
 against its keys, takes the masked softmax and mixes the values, skipping slots after the last
-visible one. It serves prefills too: for a 1,024-token prompt it is 2.3x faster than the einsums
+visible one. It serves prefills too: for a 1,024-token prompt it is 2.1-2.3x faster than the einsums
 (benchmarks/RESULTS.md), which build every [T, S] score block and copy the layer's cache. Elsewhere
 (other platforms, computations partitioned over several devices) it is the plain einsum
 formulation, `grouped_query_attention`, which the drafters' layers use over keys and values of
