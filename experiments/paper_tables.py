@@ -57,11 +57,15 @@ _METHODS = flags.DEFINE_list(
 )
 _KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Leviathan table: draft lengths K.")
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Target model.")
+_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
 _SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl (default: shared).")
 flags.mark_flags_as_required(["table", "workdir"])
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 ADAPTIVE = {"adaptive": True, "adaptive_ks": "0,2,3,4"}  # in-loop adaptive K (specjax.adaptive)
+# EAGLE-2 tree of 6 nodes (top-2, depth 3): on a 2-core CPU, where verifying 16 nodes costs ~2.6
+# AR steps, the fastest of the shapes `benchmarks/trees.py --dynamic` compared (RESULTS.md).
+SMALL_TREE = {"tree.top_k": 2, "tree.depth": 3, "tree.n_nodes": 6}
 SPEC_BENCH_METHODS = [  # (config spec, overrides)
   ("prompt_lookup.py", {}),
   ("draft_model.py:draft_lm2", {}),
@@ -69,7 +73,10 @@ SPEC_BENCH_METHODS = [  # (config spec, overrides)
   ("medusa.py:tree", {}),
   ("eagle.py:eagle1", {}),
   ("eagle.py:eagle3", {}),
+  ("eagle.py:eagle3", {"drafter.k": 2}),
   ("eagle.py:eagle2", {}),
+  ("eagle.py:eagle3_tree", {}),
+  ("eagle.py:eagle3_tree", SMALL_TREE),
   ("trees.py:dynamic", {}),
   ("suffix.py:tree", {}),
   ("suffix.py:chain", {}),
@@ -112,6 +119,7 @@ def method_specs(table: str) -> list[tuple[str, dict]]:
     return [(s, {}) for s in _METHODS.value]
   available = {
     "eagle.py:eagle3": "eagle3-smollm2-135m" in shipped,
+    "eagle.py:eagle3_tree": "eagle3-smollm2-135m" in shipped,
     "eagle.py:eagle2": importlib.util.find_spec("specjax.drafters.tree_eagle") is not None,
   }
   if table != "leviathan":
@@ -151,13 +159,18 @@ def main(argv):
   table, workdir = _TABLE.value, _WORKDIR.value
   per_category = _PER_CATEGORY.value or (1 if _SMALL.value else 10)
   max_new = _MAX_NEW.value or (32 if _SMALL.value else 128)
-  common = {"model": _MODEL.value, "max_new_tokens": max_new, "data.per_category": per_category}
+  common = {
+    "model": _MODEL.value,
+    "dtype": _DTYPE.value,
+    "max_new_tokens": max_new,
+    "data.per_category": per_category,
+  }
   specs = method_specs(table)
   try:
     settings = [settings_from_config(load_config(s, {**common, **o})) for s, o in specs]
     prompts, source = load_table_prompts(table, per_category)
     t0 = time.perf_counter()
-    target = load_target(_MODEL.value)
+    target = load_target(_MODEL.value, _DTYPE.value)
     methods = [build_method(s, target) for s in settings]
   except (ValueError, OSError) as e:
     sys.exit(f"FATAL: {e}")
@@ -170,6 +183,7 @@ def main(argv):
   run_settings = {
     "table": table,
     "model": _MODEL.value,
+    "dtype": _DTYPE.value,
     "methods": [m.name for m in methods],
     "max_new_tokens": max_new,
     "prompts": [p.prompt_id for p in prompts],
@@ -179,7 +193,8 @@ def main(argv):
   except ResumeError as e:
     sys.exit(f"FATAL: {e}")
   title = (
-    f"{table}: {target.name}, {len(prompts)} prompts from {source}, {max_new} new tokens, greedy"
+    f"{table}: {target.name} ({_DTYPE.value}), {len(prompts)} prompts from {source}, "
+    f"{max_new} new tokens, greedy"
   )
   if table == "spec_bench":
     cats = list(dict.fromkeys(p.category for p in prompts))
