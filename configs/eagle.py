@@ -6,7 +6,10 @@ hidden state and the next token's embedding, reduced-vocabulary head). `eagle3`:
 `specjax/drafters/shipped/` the run stops with an error naming what is there. `eagle2`: EAGLE-2's
 dynamic draft tree (top-4 children of the 4 best frontier nodes per level, depth 4, the 16 best
 nodes kept) drafted by the shipped EAGLE-1 head (`specjax.drafters.tree_eagle`) and verified in one
-pass; `eagle3_tree` the same over the EAGLE-3 head (as EAGLE-3 itself decodes).
+pass; `eagle3_tree` the same over the EAGLE-3 head (as EAGLE-3 itself decodes). On a 2-core CPU a
+16-node tree pass costs ~2.6 AR steps; the 6-node tree (top-2, depth 3: `--config.tree.top_k=2
+--config.tree.depth=3 --config.tree.n_nodes=6`) was the fastest shape measured there
+(`benchmarks/RESULTS.md`, twenty-seventh session).
 
 Commands (from the repository root):
 
@@ -14,6 +17,8 @@ Commands (from the repository root):
   python experiments/run.py --config=configs/eagle.py:eagle3,small --workdir=/tmp/specjax_eagle3
   python experiments/run.py --config=configs/eagle.py:eagle2,small --workdir=/tmp/specjax_eagle2
   python experiments/run.py --config=configs/eagle.py:eagle1 --workdir=/tmp/specjax_eagle1
+  python experiments/run.py --config=configs/eagle.py:eagle3_tree,small --workdir=/tmp/specjax_t6 \
+    --config.tree.top_k=2 --config.tree.depth=3 --config.tree.n_nodes=6
 """
 
 import ml_collections
