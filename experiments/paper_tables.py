@@ -37,7 +37,7 @@ from specjax.experiment.runner import (
   skipped_records,
   skipped_summary,
 )
-from specjax.experiment.settings import settings_from_config
+from specjax.experiment.settings import parse_method_entry, settings_from_config
 from specjax.experiment.tasks import (
   DEFAULT_SOURCE,
   SPEC_BENCH_CATEGORIES,
@@ -53,7 +53,10 @@ _PER_CATEGORY = flags.DEFINE_integer("per_category", 0, "Prompts per category (0
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 0, "New tokens per prompt (0: by size).")
 _CATEGORIES = flags.DEFINE_list("categories", [], "Restrict to these categories.")
 _METHODS = flags.DEFINE_list(
-  "methods", [], "Method configs as FILE[:ARG] under configs/ (default: the table's list)."
+  "methods",
+  [],
+  "Method configs as FILE[:ARG][@FIELD=VALUE]... under configs/, e.g. eagle.py:eagle3@drafter.k=2 "
+  "(default: the table's list).",
 )
 _KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Leviathan table: draft lengths K.")
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Target model.")
@@ -116,7 +119,7 @@ def method_specs(table: str) -> list[tuple[str, dict]]:
   """(config spec, overrides) per method of `table`; EAGLE-3 only when its head is shipped."""
   shipped = list_shipped()
   if _METHODS.value:
-    return [(s, {}) for s in _METHODS.value]
+    return [parse_method_entry(m) for m in _METHODS.value]
   available = {
     "eagle.py:eagle3": "eagle3-smollm2-135m" in shipped,
     "eagle.py:eagle3_tree": "eagle3-smollm2-135m" in shipped,
@@ -165,8 +168,8 @@ def main(argv):
     "max_new_tokens": max_new,
     "data.per_category": per_category,
   }
-  specs = method_specs(table)
   try:
+    specs = method_specs(table)
     settings = [settings_from_config(load_config(s, {**common, **o})) for s, o in specs]
     prompts, source = load_table_prompts(table, per_category)
     t0 = time.perf_counter()

@@ -510,3 +510,22 @@ def test_smollm2_on_a_real_spec_bench_prompt(smollm2, tmp_path):
   assert 0 < rec["prompt_tokens"][0] <= 128 and rec["answer"].strip()
   assert m["same_as_ar"] and m["new_tokens"] == rec["ar"]["new_tokens"]
   assert m["accepted"] > 0 and m["tau"] > 1.0  # the translation copies names from the prompt
+
+
+def test_method_entries_with_overrides():
+  from specjax.experiment.settings import parse_method_entry
+
+  assert parse_method_entry("eagle.py:eagle3") == ("eagle.py:eagle3", {})
+  spec, over = parse_method_entry("eagle.py:eagle3_tree@tree.n_nodes=6@tree.top_k=2")
+  assert spec == "eagle.py:eagle3_tree" and over == {"tree.n_nodes": 6, "tree.top_k": 2}
+  # Text fields keep their text; the others are Python literals.
+  assert parse_method_entry("lookup_first.py@drafter.copier=suffix@adaptive=True")[1] == {
+    "drafter.copier": "suffix",
+    "adaptive": True,
+  }
+  with pytest.raises(ValueError, match="known fields of drafter"):
+    parse_method_entry("eagle.py@drafter.kk=2")
+  with pytest.raises(ValueError, match="@FIELD=VALUE"):
+    parse_method_entry("eagle.py@drafter.k")
+  with pytest.raises(ValueError, match="not a Python literal"):
+    parse_method_entry("eagle.py@drafter.k=two")

@@ -7,6 +7,7 @@ only ever sees that frozen object.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 
@@ -307,6 +308,32 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str) -> ml_collections
     config.data.per_category = 2
     config.max_new_tokens = 64
   return config
+
+
+def parse_method_entry(entry: str) -> tuple[str, dict]:
+  """A method named as "FILE[:ARG][@FIELD=VALUE]..." (e.g. "eagle.py:eagle3@drafter.k=2") ->
+  (config spec, {field: value}). Each field is checked against the config's fields; a value is
+  kept as text for a text field, else read as a Python literal (2, 0.5, True).
+
+  Raises:
+    ValueError: for an override without "=", or a field the config does not have.
+  """
+  spec, *pairs = entry.split("@")
+  overrides = {}
+  for pair in pairs:
+    field, sep, text = pair.partition("=")
+    if not sep or not field:
+      raise ValueError(f"method {entry!r}: write overrides as @FIELD=VALUE (e.g. @drafter.k=2)")
+    if problem := unknown_field_message(field):
+      raise ValueError(f"method {entry!r}: {problem}")
+    if isinstance(_get(base_config(), field), str):
+      overrides[field] = text
+      continue
+    try:
+      overrides[field] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      raise ValueError(f"method {entry!r}: {field}={text!r} is not a Python literal") from None
+  return spec, overrides
 
 
 def split_arg(arg: str, choices: tuple[str, ...]) -> tuple[str, str]:
