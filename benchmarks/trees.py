@@ -45,7 +45,7 @@ from specjax.generate import GenerateConfig, generate, pad_prompts
 from specjax.metrics import summarize
 from specjax.speculative import speculative_generate
 from specjax.tree_speculative import tree_speculative_generate
-from specjax.trees import describe, tree_from_rank_probs
+from specjax.trees import default_static_tree, describe, heldout_depth_top1
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Registry name, HF dir or .gguf.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
@@ -79,23 +79,17 @@ def dynamic_shapes() -> list[tuple[int, int, int]]:
   return shapes
 
 
-def static_tree(top1: list[float], n_nodes: int, depth: int):
-  """A Medusa-style sparse tree: best paths under rank estimates top1[d] * 0.5**r (the heads'
-  held-out top-1 accuracy per depth, and a prior for lower ranks)."""
-  ranks = 0.5 ** np.arange(8)
-  return tree_from_rank_probs(np.outer(np.asarray(top1[:depth]), ranks), n_nodes)
-
-
 def shipped_methods(target):
   """(name, kind, drafter, params) for chain / static / dynamic with the shipped heads."""
   eagle = load_shipped(_EAGLE.value, target.params, target.cfg)
   medusa = load_shipped(_MEDUSA.value, target.params, target.cfg)
-  held = medusa.metadata["heldout"]
-  top1 = [held[f"top1_head{i}"] for i in range(medusa.params.w.shape[0])]
-  if _STATIC_DEPTH.value > len(top1):
-    raise ValueError(f"{_MEDUSA.value} has {len(top1)} heads; --static_depth is too deep")
-  tree = static_tree(top1, _STATIC_NODES.value, _STATIC_DEPTH.value)
-  print(f"static tree ({_MEDUSA.value}, head top-1 {np.round(top1, 3).tolist()}): {describe(tree)}")
+  n_heads = medusa.params.w.shape[0]
+  if _STATIC_DEPTH.value > n_heads:
+    raise ValueError(f"{_MEDUSA.value} has {n_heads} heads; --static_depth is too deep")
+  top1 = heldout_depth_top1(medusa.metadata, _STATIC_DEPTH.value)
+  tree = default_static_tree(_STATIC_NODES.value, _STATIC_DEPTH.value, top1)
+  fit = "the fixed prior" if top1 is None else f"held-out top-1 {np.round(top1, 3).tolist()}"
+  print(f"static tree ({_MEDUSA.value}, {fit}): {describe(tree)}")
   fuse = tuple(eagle.metadata["config"].get("fuse_layers", ()))
   dynamic = [
     (f"dynamic_{k}x{d}x{n}", "tree", EagleTreeDrafter(eagle.head_cfg, k, d, n, fuse), eagle.params)
@@ -111,7 +105,7 @@ def shipped_methods(target):
 def truncated_methods(target, n_layers: int):
   """The same three kinds with the target's first n_layers as an untrained draft model."""
   params, cfg = truncate_layers(target.params, target.cfg, n_layers)
-  tree = static_tree([0.6] * _STATIC_DEPTH.value, _STATIC_NODES.value, _STATIC_DEPTH.value)
+  tree = default_static_tree(_STATIC_NODES.value, _STATIC_DEPTH.value)
   return [
     (f"chain_L{n_layers}", "chain", DraftModelDrafter(cfg, _K.value), params),
     (f"static_L{n_layers}", "tree", StaticTreeDrafter(cfg, tree), params),

@@ -1,9 +1,12 @@
 """Medusa-1 heads (the shipped `medusa4-smollm2-135m`, 4 heads) against AR on Spec-Bench, greedy.
 
 `chain` (default): the heads' top-1 tokens as a chain of K = 4 drafts, verified by
-`specjax.speculative`. `tree`: Medusa's own decoding, a static sparse tree of 16 nodes (depth 4)
-built from the heads' top-ranked tokens, verified in one pass by `specjax.tree_speculative`.
-The heads were trained for SmolLM2-135M-Instruct (see their .json for held-out top-1 accuracy).
+`specjax.speculative`. `tree`: Medusa's own decoding, a static sparse tree of 16 nodes (depth
+<= 4) built from the heads' top-ranked tokens and fitted, as Medusa does, to the heads' held-out
+top-1 accuracy per depth (their .json; `tree_heads.fitted_tree`), verified in one pass by
+`specjax.tree_speculative`. The heads were trained for SmolLM2-135M-Instruct. On a 2-core CPU
+a 6-node tree (`tree.n_nodes=6`, `tree.depth=3`) costs less than the 16-node one and is faster,
+though still below AR (benchmarks/RESULTS.md, twenty-eighth session).
 
 Commands (from the repository root):
 

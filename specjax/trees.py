@@ -286,8 +286,29 @@ def describe(tree: StaticTree) -> dict[str, Any]:
   }
 
 
-def default_static_tree(n_nodes: int, depth: int) -> StaticTree:
-  """A Medusa-style sparse tree: the `n_nodes` best paths of depth <= `depth` under per-rank
-  acceptance estimates that halve with each rank (a fixed prior, not fitted to a drafter)."""
-  ranks = 0.6 * 0.5 ** np.arange(8)
-  return tree_from_rank_probs(np.tile(ranks, (depth, 1)), n_nodes)
+def default_static_tree(n_nodes: int, depth: int, depth_top1=None) -> StaticTree:
+  """A Medusa-style sparse tree: the `n_nodes` best paths of depth <= `depth`.
+
+  The rank-r candidate at depth d is estimated to be accepted with probability
+  depth_top1[d - 1] * 0.5**r: the drafter's held-out top-1 accuracy per depth (as Medusa fits its
+  trees to measured head accuracies; `heldout_depth_top1` reads it from a shipped drafter's
+  metadata) and a prior for lower ranks. Without depth_top1, every depth's top-1 is taken as 0.6
+  (a fixed prior, not fitted to a drafter).
+  """
+  top1 = np.full(depth, 0.6) if depth_top1 is None else np.asarray(depth_top1, np.float64)
+  if top1.shape != (depth,):
+    raise ValueError(f"depth_top1 has {top1.shape} entries for a tree of depth {depth}")
+  return tree_from_rank_probs(np.outer(top1, 0.5 ** np.arange(8)), n_nodes)
+
+
+def heldout_depth_top1(metadata: dict, depth: int) -> list[float] | None:
+  """A shipped drafter's held-out top-1 accuracy at depths 1..depth, from its metadata's
+  `heldout` (`top1_head{i}` for Medusa heads, `top1_step{i + 1}` for block and EAGLE drafters),
+  or None when it does not record them all."""
+  held = metadata.get("heldout") or {}
+  for key in ("top1_head{}", "top1_step{}"):
+    offset = 0 if key == "top1_head{}" else 1
+    values = [held.get(key.format(i + offset)) for i in range(depth)]
+    if all(isinstance(v, (int, float)) for v in values):
+      return [float(v) for v in values]
+  return None

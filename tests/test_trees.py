@@ -40,6 +40,8 @@ from specjax.trees import (
   TokenTree,
   ancestor_mask,
   children_table,
+  default_static_tree,
+  heldout_depth_top1,
   static_token_tree,
   tree_from_rank_probs,
 )
@@ -88,6 +90,22 @@ def test_chain_full_and_rank_prob_trees():
   t = tree_from_rank_probs(np.array([[0.6, 0.3, 0.1], [0.5, 0.2, 0.1]]), n_nodes=5)
   # Reach estimates: (0,) .6, (1,) .3, (0, 0) .3, (1, 0) .15, (0, 1) .12, (2,) .1, ...
   assert set(t.paths) == {(0,), (1,), (0, 0), (1, 0)}
+
+
+def test_static_trees_fitted_to_heldout_accuracy():
+  # The fixed prior (top-1 0.6 at every depth) goes deep; weak later depths make the tree wide.
+  assert set(default_static_tree(6, 3).paths) == {(0,), (1,), (0, 0), (0, 1), (0, 0, 0)}
+  fitted = default_static_tree(6, 3, [0.7, 0.3, 0.2])  # reach: .7 .35 .21 .175 .105 (ties: .105)
+  assert set(fitted.paths) == {(0,), (1,), (2,), (0, 0), (0, 1)} and fitted.max_depth == 2
+  assert default_static_tree(4, 2, [0.3, 0.1]).max_depth == 1
+  with pytest.raises(ValueError, match="depth_top1 has"):
+    default_static_tree(6, 3, [0.7, 0.3])
+  medusa = {"heldout": {"top1_head0": 0.3, "top1_head1": 0.2, "simulated_tau": 1.4}}
+  assert heldout_depth_top1(medusa, 2) == [0.3, 0.2]
+  assert heldout_depth_top1(medusa, 3) is None  # not recorded at depth 3: the prior applies
+  block = {"heldout": {"top1_step1": 0.7, "top1_step2": 0.3}}
+  assert heldout_depth_top1(block, 2) == [0.7, 0.3]
+  assert heldout_depth_top1({}, 1) is None
 
 
 def test_dynamic_helpers_match_static_buffers():

@@ -143,15 +143,14 @@ def _chain(shipped, k: int) -> MedusaDrafter:
 
 
 def _tree(shipped, t, vocab_size: int):
-  """A static Medusa-style tree over the heads (`HeadTreeDrafter`, `trees.default_static_tree`)."""
-  from specjax.drafters.tree_heads import HeadTreeDrafter, medusa_logits_source
-  from specjax.trees import default_static_tree
+  """A static Medusa-style tree over the heads (`HeadTreeDrafter`), fitted to the heads' held-out
+  top-1 accuracies (`tree_heads.fitted_tree`)."""
+  from specjax.drafters.tree_heads import HeadTreeDrafter, fitted_tree, medusa_logits_source
 
   n_heads = shipped.params.w.shape[0]
   if t.depth > n_heads:
     raise ValueError(f"tree.depth={t.depth} exceeds the {n_heads} Medusa heads")
-  tree = default_static_tree(t.n_nodes, t.depth)
-  return HeadTreeDrafter(medusa_logits_source, tree, vocab_size)
+  return HeadTreeDrafter(medusa_logits_source, fitted_tree(shipped, t), vocab_size)
 
 
 register(

@@ -110,9 +110,7 @@ register(
       t["mask_embed"],
     ),
     chain=lambda shipped, k: PardDrafter(shipped.head_cfg, k),
-    tree=lambda shipped, t, vocab_size: block_tree(
-      PardDrafter(shipped.head_cfg, t.depth), t, vocab_size
-    ),
+    tree=block_tree,
     objective="train.pipeline:pard_objective",
   )
 )

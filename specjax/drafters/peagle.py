@@ -148,9 +148,7 @@ register(
       t["mask_embed"],
     ),
     chain=lambda shipped, k: PEagleDrafter(shipped.head_cfg, k, fused_layers(shipped)),
-    tree=lambda shipped, t, vocab_size: block_tree(
-      PEagleDrafter(shipped.head_cfg, t.depth, fused_layers(shipped)), t, vocab_size
-    ),
+    tree=block_tree,
     objective="train.pipeline:peagle_objective",
   )
 )

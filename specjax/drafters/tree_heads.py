@@ -33,7 +33,7 @@ from specjax.drafters.base import StaticTreeShape, TreeDrafterDefaults, TreeProp
 from specjax.drafters.medusa import head_logits, medusa_logits
 from specjax.loading.heads import MedusaHeadParams  # noqa: F401 - also exported here
 from specjax.sampling import SamplingConfig
-from specjax.trees import StaticTree, static_token_tree
+from specjax.trees import StaticTree, default_static_tree, heldout_depth_top1, static_token_tree
 
 CandidateSource = Callable[..., tuple[jax.Array, jax.Array | None]]
 
@@ -200,9 +200,16 @@ class BlockTreeDrafter(StaticTreeShape, TreeDrafterDefaults):
     return self.block.commit(params, state, seq, seq_len, step)
 
 
-def block_tree(block, t, vocab_size: int) -> BlockTreeDrafter:
-  """A parallel drafter's tree form: `trees.default_static_tree(t.n_nodes, t.depth)` over its
-  block (`block.k` must be t.depth); t carries n_nodes and depth (`TreeSettings`)."""
-  from specjax.trees import default_static_tree
+def fitted_tree(shipped, t) -> StaticTree:
+  """`trees.default_static_tree(t.n_nodes, t.depth)` fitted to the shipped drafter's held-out
+  per-depth top-1 accuracies (`trees.heldout_depth_top1`), or the fixed prior when its metadata
+  does not record them."""
+  return default_static_tree(t.n_nodes, t.depth, heldout_depth_top1(shipped.metadata, t.depth))
 
-  return BlockTreeDrafter(block, default_static_tree(t.n_nodes, t.depth), vocab_size)
+
+def block_tree(shipped, t, vocab_size: int) -> BlockTreeDrafter:
+  """A parallel drafter's tree form: `fitted_tree(shipped, t)` over its chain drafter's block, one
+  position per tree depth (the fitted tree may stop short of t.depth, its largest allowed depth);
+  t carries n_nodes and depth (`TreeSettings`)."""
+  tree = fitted_tree(shipped, t)
+  return BlockTreeDrafter(shipped.drafter(tree.max_depth), tree, vocab_size)

@@ -139,7 +139,7 @@ def _draft_model_clause(settings: ExperimentSettings) -> str:
   return _draft_clause(settings) + _shipped_clause(settings)
 
 
-static_tree = default_static_tree  # the tree.kind=static / heads topology
+static_tree = default_static_tree  # the tree.kind=static topology (heads: tree_heads.fitted_tree)
 
 
 def load_shipped_drafter(name: str, target: Target, weights_dtype: str = "float32"):
