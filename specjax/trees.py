@@ -297,7 +297,9 @@ def default_static_tree(n_nodes: int, depth: int, depth_top1=None) -> StaticTree
   """
   top1 = np.full(depth, 0.6) if depth_top1 is None else np.asarray(depth_top1, np.float64)
   if top1.shape != (depth,):
-    raise ValueError(f"depth_top1 has {top1.shape} entries for a tree of depth {depth}")
+    raise ValueError(
+      f"depth_top1 has {top1.size} entries for a tree of depth {depth}; give one per depth"
+    )
   return tree_from_rank_probs(np.outer(top1, 0.5 ** np.arange(8)), n_nodes)
 
 
@@ -306,9 +308,8 @@ def heldout_depth_top1(metadata: dict, depth: int) -> list[float] | None:
   `heldout` (`top1_head{i}` for Medusa heads, `top1_step{i + 1}` for block and EAGLE drafters),
   or None when it does not record them all."""
   held = metadata.get("heldout") or {}
-  for key in ("top1_head{}", "top1_step{}"):
-    offset = 0 if key == "top1_head{}" else 1
-    values = [held.get(key.format(i + offset)) for i in range(depth)]
+  for key, first in (("top1_head{}", 0), ("top1_step{}", 1)):
+    values = [held.get(key.format(first + i)) for i in range(depth)]
     if all(isinstance(v, (int, float)) for v in values):
       return [float(v) for v in values]
   return None
