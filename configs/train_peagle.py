@@ -27,6 +27,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Start from the shipped P-EAGLE's mask path (trained over the base's earlier version) rather
   # than the base's layer: a retraining after the base was continued starts close to done.
   config.objective.init_from = "peagle-smollm2-135m"
+  # The masks read the depth-1 token too (x_{t+2} in training, the head's greedy draft when
+  # drafting): depths past 1 only count once depth 1 was accepted, so they may assume it.
+  config.objective.first_token = True
   config.train.steps = 120  # ~0.1 epoch at ~5.6 s/step on 2 cores (one session's CPU budget)
   config.train.lr = 1e-3
   config.train.batch_size = 4

@@ -21,6 +21,7 @@ import pytest
 from toy_models import tiny_model
 
 from specjax.drafters.eagle import head_logits
+from specjax.drafters.peagle import first_tokens
 from specjax.drafters.shipped import ShippedDrafterError, load_shipped
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
 from specjax.integrity import CacheError, sole_writer, weights_fingerprint
@@ -515,10 +516,11 @@ def test_training_computation_is_what_the_drafters_run(tiny):
     np.testing.assert_allclose(prop.logq[0, j], ref, atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("kind", ["pard", "peagle"])
-def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind):
+@pytest.mark.parametrize("kind,first", [("pard", False), ("peagle", False), ("peagle", True)])
+def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, first):
   """Every depth of the parallel objectives (`train.streams`) equals the block the drafter reads
-  at the same anchor, with weights perturbed away from their initialisation."""
+  at the same anchor, with weights perturbed away from their initialisation (first: P-EAGLE's
+  masks read the head's greedy depth-1 draft, as its evaluation feeds them)."""
   _, params, cfg, store = tiny[:4]
   d = int(np.argmax(store.doc_lens))
   s, n = store.doc_starts[d], store.doc_lens[d]
@@ -528,7 +530,8 @@ def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind):
   batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
                 jnp.arange(n)[None], ones)  # fmt: skip
   k, a, cap = 3, n - 6, 64
-  o = dict(kind=kind, k=k, n_layers=1, init_layers=(1,), fuse_layers=(0, 1), init_layer=1)
+  o = dict(kind=kind, k=k, n_layers=1, init_layers=(1,), fuse_layers=(0, 1), init_layer=1,
+           first_token=first)  # fmt: skip
   obj = pipeline.make_objective(o, cfg)
   tr, fr = obj.init(jax.random.PRNGKey(1), params, cfg, np.arange(64))
   tr = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape), tr)
@@ -540,6 +543,9 @@ def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind):
     got = drafter.block_logits(dp, state, seq, jnp.asarray([a + 1]))[0][0]
   else:  # the head has the target's features up to a; the pair (x_{a+1}, f_a) is pending
     o_all = obj.outputs(dp, batch)
+    if first:
+      greedy = first_tokens(dp, head_logits(dp.eagle, o_all[0, 0], cfg.norm_eps))
+      o_all = obj.outputs(dp, batch, greedy[None])
     want = jnp.stack([head_logits(dp.eagle, o_all[0, j, a], cfg.norm_eps) for j in range(k)])
     pre = prefill(params, cfg, toks[:, : a + 1], jnp.asarray([a + 1]), cap, (0, 1))
     state = drafter.init(dp, pre, toks[:, : a + 1], jnp.asarray([a + 1]), cap)

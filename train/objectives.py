@@ -31,7 +31,7 @@ from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
 from specjax.drafters.eagle import EagleDrafter, EagleParams, feature, head_logits, layer_inputs
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams, medusa_logits
 from specjax.drafters.pard import PardDrafter, PardParams
-from specjax.drafters.peagle import PEagleDrafter, PEagleParams, mask_inputs
+from specjax.drafters.peagle import PEagleDrafter, PEagleParams, first_tokens, mask_inputs
 from specjax.model import Params, init_params, rms_norm
 from train.data import Batch
 from train.losses import (
@@ -454,7 +454,12 @@ class PEagleObjective:
     decay: depth j + 1's loss weight is decay ** (j - 1).
     init_from: a shipped P-EAGLE drafter whose mask layer and mask embeddings start the training
       (its base may since have changed: retraining over a continued base), instead of the base's
-      layer and the mean embedding.
+      layer and the mean embedding. From a drafter trained without `first_token` into one with
+      it, only the mask layer carries over (the embeddings start at zero).
+    first_token: the masks also read the embedding of the depth-1 token (`peagle.mask_inputs`):
+      in training the true x_{t+2} (depths past 1 only matter once depth 1 was accepted), in
+      evaluation and drafting the head's greedy draft. Off, depth j + 1 must guess x_{t+j+2}
+      without x_{t+2}.
   """
 
   cfg: ModelConfig
@@ -465,6 +470,7 @@ class PEagleObjective:
   init_layer: int = -1
   decay: float = 0.8
   init_from: str = ""
+  first_token: bool = False
   name = "peagle"
 
   def _eagle(self) -> EagleObjective:
@@ -485,7 +491,10 @@ class PEagleObjective:
         )
       eagle = {k: getattr(shipped.params, k) for k in eagle}
     frozen = {**frozen, "eagle": eagle}
-    trainable = {"mask_layer": eagle["layer"], "mask_embed": mask_embeddings(frozen, self.k)}
+    embed = mask_embeddings(frozen, self.k)
+    if self.first_token:  # the mask reads embed(x_{t+2}) + its depth's offset
+      embed = jnp.zeros_like(embed)
+    trainable = {"mask_layer": eagle["layer"], "mask_embed": embed}
     if self.init_from:
       trainable = self._mask_path_of(self.init_from, trainable, tcfg, d2t, shipped_dir)
     return trainable, frozen
@@ -501,9 +510,10 @@ class PEagleObjective:
       raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not peagle")
     if not np.array_equal(t["d2t"], np.asarray(d2t)):
       raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
+    same_inputs = bool(meta["config"].get("first_token", False)) == self.first_token
     start = {
       "mask_layer": layer_params(t, "mask_layer"),
-      "mask_embed": jnp.asarray(t["mask_embed"]),
+      "mask_embed": jnp.asarray(t["mask_embed"]) if same_inputs else like["mask_embed"],
     }
     got = jax.tree.map(jnp.shape, start)
     if got != jax.tree.map(jnp.shape, like):
@@ -517,13 +527,16 @@ class PEagleObjective:
     eagle = self._eagle().params(frozen["eagle"], frozen)
     return PEagleParams(eagle, trainable["mask_layer"], trainable["mask_embed"])
 
-  def outputs(self, p: PEagleParams, batch: Batch) -> jax.Array:
-    """[B, K, T, D] head outputs of weights p: depth j + 1 of every anchor."""
+  def outputs(self, p: PEagleParams, batch: Batch, first=None) -> jax.Array:
+    """[B, K, T, D] head outputs of weights p: depth j + 1 of every anchor; first [B, T]: the
+    depth-1 tokens the masks read (`first_token`; default the true x_{t+2})."""
     e = p.eagle
     g = feature(e, batch.hidden, batch.layers)
-    first = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
-    masks = jnp.moveaxis(mask_inputs(p, g, self.k), 2, 1)  # [B, K - 1, T, D]: anchor t's feature
-    x = stack_streams(first, masks)
+    if self.first_token and first is None:
+      first = ahead(batch.tokens, 2)
+    x1 = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
+    masks = mask_inputs(p, g, self.k, first if self.first_token else None)
+    x = stack_streams(x1, jnp.moveaxis(masks, 2, 1))  # masks [B, K - 1, T, D]: anchor t's
     mask = doc_causal_mask(batch.doc)
     return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer)
 
@@ -540,8 +553,13 @@ class PEagleObjective:
     return total, aux
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
+    """Held-out top-1 of every depth as drafting runs: the masks read the head's greedy depth-1
+    draft, right or wrong."""
     p = self.params(trainable, frozen)
     e, o = p.eagle, self.outputs(p, batch)
+    if self.first_token:  # depth 1 does not read the masks: its outputs stand
+      first = first_tokens(p, head_logits(e, o[:, 0], self.cfg.norm_eps))
+      o = self.outputs(p, batch, first)
     out = {}
     for j in range(self.k):
       mask = same_doc(batch, j + 2) & ahead(batch.response, j + 1, False)
@@ -553,7 +571,7 @@ class PEagleObjective:
     return self.params(trainable, frozen)
 
   def drafter(self, k: int) -> PEagleDrafter:
-    return PEagleDrafter(self.cfg, k, self.fuse_layers)
+    return PEagleDrafter(self.cfg, k, self.fuse_layers, self.first_token)
 
 
 Objective = Any  # one of the objectives above

@@ -149,6 +149,7 @@ def peagle_objective(o: dict, tcfg: ModelConfig):
     init_layer=o.get("init_layer", -1),
     decay=o.get("decay", 0.8),
     init_from=o.get("init_from", ""),
+    first_token=o.get("first_token", False),
   )
 
 

@@ -14,7 +14,11 @@ shallower placeholders only. Two changes here, both measured on this CPU's train
   head's); the head itself stays frozen, so depth 1 is exactly the EAGLE-3 head's draft. Sharing
   the layer and training it for all depths pulled depth 1 from 0.556 to 0.404 in 50 steps.
 The mask queries attend to the context keys the frozen head wrote, as in training
-(`train.streams.stream_layer` with `mask_lp`). A shipped P-EAGLE holds only the mask layer and
+(`train.streams.stream_layer` with `mask_lp`). A third change is optional (`first_token`, set
+in the metadata of a head trained for it): every mask also reads the embedding of the head's
+greedy depth-1 draft, which the first of the two passes below has already produced, so depth
+j + 1 predicts x_{t+j+2} knowing x_{t+2} instead of guessing past it; the block still costs two
+passes. A shipped P-EAGLE holds only the mask layer and
 embeddings; its metadata names the EAGLE-3 drafter it extends (`base`, checked by sha256).
 
 Drafting keeps `specjax.drafters.eagle`'s state and invariant: the pending verified features are
@@ -52,7 +56,7 @@ from specjax.drafters.eagle import (
 from specjax.drafters.parallel import BlockProposals, mask_rows
 from specjax.drafters.registry import DrafterKind, layer_params, register
 from specjax.drafters.tree_heads import block_tree
-from specjax.kernels import linear
+from specjax.kernels import linear, take_rows
 from specjax.kv_cache import read_rows
 from specjax.model import LayerParams
 
@@ -74,13 +78,23 @@ class PEagleParams:
   mask_embed: jax.Array
 
 
-def mask_inputs(params: PEagleParams, g: jax.Array, k: int) -> jax.Array:
-  """[..., K - 1, D]: W_in [mask_embed_j; g] for depths j + 1 = 2..K, g [..., D] the anchor's
-  feature."""
+def mask_inputs(params: PEagleParams, g: jax.Array, k: int, first=None) -> jax.Array:
+  """[..., K - 1, D]: W_in [mask_embed_j (+ embed(first)); g] for depths j + 1 = 2..K, g [..., D]
+  the anchor's feature; first [...] the depth-1 token (target ids) of a first-token-conditioned
+  head, or None."""
   m = mask_rows(params.mask_embed, k).astype(jnp.float32)  # [K - 1, D]
   g = jnp.broadcast_to(g.astype(jnp.float32)[..., None, :], g.shape[:-1] + m.shape)
-  pair = jnp.concatenate([jnp.broadcast_to(m, g.shape), g], -1)
-  return linear(pair, params.eagle.w_in)
+  m = jnp.broadcast_to(m, g.shape)
+  if first is not None:
+    m = m + take_rows(params.eagle.embed, first).astype(jnp.float32)[..., None, :]
+  return linear(jnp.concatenate([m, g], -1), params.eagle.w_in)
+
+
+def first_tokens(params: PEagleParams, logits1: jax.Array) -> jax.Array:
+  """Target ids [...] of the head's greedy depth-1 drafts, from its draft-vocabulary logits
+  [..., Vd]: what a first-token-conditioned head's masks read (a function of the context only,
+  so any draft drawn from the resulting distributions is verified losslessly)."""
+  return params.eagle.d2t[jnp.argmax(logits1, -1)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,11 +105,14 @@ class PEagleDrafter(BlockProposals, DrafterDefaults):
     cfg: the head layer's config (n_layers = 1; vocab_size = the target's V).
     k: block size K.
     hidden_layers: target layers the head fuses (EAGLE-3); () for an EAGLE-1 feature.
+    first_token: the masks also read the embedding of the head's greedy depth-1 draft
+      (`mask_inputs`), as the head was trained (`PEagleObjective.first_token`).
   """
 
   cfg: ModelConfig
   k: int = 8
   hidden_layers: tuple[int, ...] = ()
+  first_token: bool = False
 
   @property
   def eagle(self) -> EagleDrafter:
@@ -113,14 +130,14 @@ class PEagleDrafter(BlockProposals, DrafterDefaults):
     last = jnp.maximum(m - 1, 0)  # window index of the pair at position seq_len - 2
     tokens = read_rows(seq, c + 1, state.pending.shape[1])
     o, cache = cached_layer(e, layer_inputs(e, tokens, state.pending), state.cache, self.cfg)
-    outs = o[rows, last][:, None]  # [B, 1, D]: depth 1
+    logits = head_logits(e, o[rows, last][:, None], self.cfg.norm_eps)  # [B, 1, Vd]: depth 1
     cache = cache.with_lengths(c + m)
     if self.k > 1:  # the masks at slots c + m .. (positions seq_len - 1 ..), over that context
-      masks = mask_inputs(params, state.pending[rows, last], self.k)  # [B, K - 1, D]
+      first = first_tokens(params, logits[:, 0]) if self.first_token else None
+      masks = mask_inputs(params, state.pending[rows, last], self.k, first)  # [B, K - 1, D]
       mask_head = dataclasses.replace(e, layer=params.mask_layer)
       om, _ = cached_layer(mask_head, masks, cache, self.cfg)
-      outs = jnp.concatenate([outs, om], 1)
-    logits = head_logits(e, outs, self.cfg.norm_eps)
+      logits = jnp.concatenate([logits, head_logits(e, om, self.cfg.norm_eps)], 1)
     return logits, e.d2t, EagleState(cache, state.pending, state.n_pending)
 
   def init(self, params: PEagleParams, prefill, prompts, prompt_lens, capacity: int):
@@ -147,7 +164,12 @@ register(
       layer_params(t, "mask_layer"),
       t["mask_embed"],
     ),
-    chain=lambda shipped, k: PEagleDrafter(shipped.head_cfg, k, fused_layers(shipped)),
+    chain=lambda shipped, k: PEagleDrafter(
+      shipped.head_cfg,
+      k,
+      fused_layers(shipped),
+      shipped.metadata["config"].get("first_token", False),
+    ),
     tree=block_tree,
     objective="train.pipeline:peagle_objective",
   )
