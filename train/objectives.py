@@ -491,9 +491,10 @@ class PEagleObjective:
         )
       eagle = {k: getattr(shipped.params, k) for k in eagle}
     frozen = {**frozen, "eagle": eagle}
-    embed = mask_embeddings(frozen, self.k)
     if self.first_token:  # the mask reads embed(x_{t+2}) + its depth's offset
-      embed = jnp.zeros_like(embed)
+      embed = jnp.zeros((self.k - 1, tcfg.d_model), jnp.float32)
+    else:
+      embed = mask_embeddings(frozen, self.k)
     trainable = {"mask_layer": eagle["layer"], "mask_embed": embed}
     if self.init_from:
       trainable = self._mask_path_of(self.init_from, trainable, tcfg, d2t, shipped_dir)
