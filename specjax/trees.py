@@ -164,7 +164,9 @@ def _buffers(paths: tuple[tuple[int, ...], ...]) -> TreeBuffers:
   return TreeBuffers(depth, parent, rank, mask, children, retrieve, n_upto)
 
 
-def tree_from_rank_probs(rank_probs: np.ndarray, n_nodes: int) -> StaticTree:
+def tree_from_rank_probs(
+  rank_probs: np.ndarray, n_nodes: int, greedy_first: bool = False
+) -> StaticTree:
   """The static tree with n_nodes - 1 drafted nodes of highest estimated reach probability.
 
   A node's score is the product over its path of rank_probs[depth - 1, rank], an estimate that
@@ -175,6 +177,8 @@ def tree_from_rank_probs(rank_probs: np.ndarray, n_nodes: int) -> StaticTree:
   Args:
     rank_probs: [D, R] estimated acceptance probability of the rank-r candidate at depth d + 1.
     n_nodes: N, including the root.
+    greedy_first: only the top-1 depth-1 node has children (a drafter whose later depths read
+      its greedy depth-1 draft, like P-EAGLE's first-token masks, guesses them for that one).
 
   Returns:
     The tree, with ties broken towards shallower, lower-rank paths.
@@ -187,7 +191,7 @@ def tree_from_rank_probs(rank_probs: np.ndarray, n_nodes: int) -> StaticTree:
   while heap and len(chosen) < n_nodes - 1:
     neg, path = heapq.heappop(heap)
     chosen.append(path)
-    if len(path) < D:
+    if len(path) < D and not (greedy_first and path[0] > 0):
       for r in range(R):
         heapq.heappush(heap, (neg * rank_probs[len(path), r], path + (r,)))
   return StaticTree.from_paths(chosen)
@@ -286,30 +290,46 @@ def describe(tree: StaticTree) -> dict[str, Any]:
   }
 
 
-def default_static_tree(n_nodes: int, depth: int, depth_top1=None) -> StaticTree:
+def default_static_tree(
+  n_nodes: int, depth: int, depth_top1=None, greedy_first: bool = False
+) -> StaticTree:
   """A Medusa-style sparse tree: the `n_nodes` best paths of depth <= `depth`.
 
-  The rank-r candidate at depth d is estimated to be accepted with probability
-  depth_top1[d - 1] * 0.5**r: the drafter's held-out top-1 accuracy per depth (as Medusa fits its
-  trees to measured head accuracies; `heldout_depth_top1` reads it from a shipped drafter's
-  metadata) and a prior for lower ranks. Without depth_top1, every depth's top-1 is taken as 0.6
-  (a fixed prior, not fitted to a drafter).
+  The rank-r candidate at depth d is estimated to be accepted, once its parent was, with
+  probability depth_top1[d - 1] * 0.5**r: the drafter's held-out top-1 accuracy at depth d given
+  depths < d were right (as Medusa fits its trees to measured head accuracies;
+  `heldout_depth_top1` reads it from a shipped drafter's metadata) and a prior for lower ranks.
+  Without depth_top1, every depth's top-1 is taken as 0.6 (a fixed prior, not fitted to a
+  drafter). greedy_first: see `tree_from_rank_probs`.
   """
   top1 = np.full(depth, 0.6) if depth_top1 is None else np.asarray(depth_top1, np.float64)
   if top1.shape != (depth,):
     raise ValueError(
       f"depth_top1 has {top1.size} entries for a tree of depth {depth}; give one per depth"
     )
-  return tree_from_rank_probs(np.outer(top1, 0.5 ** np.arange(8)), n_nodes)
+  return tree_from_rank_probs(np.outer(top1, 0.5 ** np.arange(8)), n_nodes, greedy_first)
 
 
 def heldout_depth_top1(metadata: dict, depth: int) -> list[float] | None:
   """A shipped drafter's held-out top-1 accuracy at depths 1..depth, from its metadata's
-  `heldout` (`top1_head{i}` for Medusa heads, `top1_step{i + 1}` for block and EAGLE drafters),
-  or None when it does not record them all."""
+  `heldout`: given the earlier depths were right where it records `prefix_step{j}` (the
+  drafts at depths 1..j all right; `conditional_rates`), else each depth's own rate
+  (`top1_head{i}` for Medusa heads, `top1_step{i + 1}` for block and EAGLE drafters), or None
+  when it records neither for every depth."""
   held = metadata.get("heldout") or {}
-  for key, first in (("top1_head{}", 0), ("top1_step{}", 1)):
+  for key, first in (("prefix_step{}", 1), ("top1_head{}", 0), ("top1_step{}", 1)):
     values = [held.get(key.format(first + i)) for i in range(depth)]
     if all(isinstance(v, (int, float)) for v in values):
-      return [float(v) for v in values]
+      values = [float(v) for v in values]
+      return conditional_rates(values) if key.startswith("prefix") else values
   return None
+
+
+def conditional_rates(prefix: list[float]) -> list[float]:
+  """Per-depth acceptance given the earlier depths were accepted, from prefix agreements
+  (prefix_1, prefix_1 * c_2, ...): c_j = prefix_j / prefix_{j-1}, clipped to [0, 1]."""
+  rates, before = [], 1.0
+  for p in prefix:
+    rates.append(min(max(p / before, 0.0), 1.0) if before > 0 else 0.0)
+    before = p
+  return rates

@@ -5,6 +5,7 @@ the training data. Everything runs on a tiny random Llama target except the data
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -31,10 +32,11 @@ from specjax.metrics import summarize
 from specjax.model import forward, lm_head
 from specjax.sampling import SamplingConfig
 from specjax.speculative import speculative_generate
-from train import corpus, decontam, features, pipeline, prompts, sources, teacher_forced
+from train import corpus, decontam, features, pipeline, prompts, rescore, sources, teacher_forced
 from train.data import Batch, Windows, step_windows
 from train.features import FeatureStore
 from train.loop import evaluate, make_optimizer, positions_read, read_metrics, simulated_tau
+from train.losses import depth_agreement
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -336,9 +338,11 @@ def test_each_kind_learns_ships_and_decodes_exactly(tiny, heldout_ar, ship, kind
       kl[r["step"]] = sum(v for k, v in r.items() if k.startswith("kl"))
   assert np.mean([kl[s] for s in range(31, 41)]) < 0.9 * np.mean([kl[s] for s in range(1, 6)])
   assert meta["heldout"] == heldout and meta["sha256"] and meta["data"]["prompts_sha256"]
-  rates = {k: v for k, v in heldout.items() if k.startswith("top1")}
+  rates = {k: v for k, v in heldout.items() if k.startswith(("top1", "prefix"))}
   assert rates and all(0 <= v <= 1 for v in rates.values()) and heldout["eval_positions"] > 0
   assert heldout["simulated_tau"] == pytest.approx(simulated_tau(rates))
+  if "prefix_step2" in rates:  # every multi-depth kind: depths 1-2 together never beat depth 2
+    assert rates["prefix_step2"] <= rates.get("top1_step2", rates.get("top1_head1")) + 1e-9
   shipped = load_shipped(f"tiny-{kind}", params, cfg, config.ship.dir)
   # Greedy speculative decoding with the shipped drafter on held-out prompts equals AR greedy.
   P, L, gen, ar = heldout_ar
@@ -657,6 +661,40 @@ def test_simulated_tau_is_the_expected_chain_length():
   assert simulated_tau(ev, k=2) == pytest.approx(2.5)
   with pytest.raises(ValueError, match="per-position"):
     simulated_tau({"loss": 1.0})
+  # Chained agreement is the chain's acceptance itself: tau = 1 + sum of prefixes; depths past
+  # the measured ones keep the last ratio (0.3 / 0.6 = 0.5), whatever the single-depth rates say.
+  ev = {"top1_step1": 0.6, "top1_step2": 0.6, "prefix_step1": 0.6, "prefix_step2": 0.3}
+  assert simulated_tau(ev, k=2) == pytest.approx(1.9)
+  assert simulated_tau(ev, k=4) == pytest.approx(1.9 + 0.15 + 0.075)
+
+
+def test_depth_agreement_counts_chains_that_stay_right():
+  d2t = jnp.arange(4)
+  one_hot = lambda ids: jax.nn.one_hot(jnp.asarray([ids]), 4)  # noqa: E731
+  labels = jnp.asarray([[1, 2, 3]])
+  mask = jnp.asarray([[True, True, False]])
+  depths = [  # depth 1 right at anchors 0 and 2, depth 2 right at anchors 1 and 2
+    (one_hot([1, 0, 3]), labels, mask),
+    (one_hot([0, 2, 3]), labels, jnp.asarray([[True, True, True]])),
+  ]
+  out = {k: (float(h), float(c)) for k, (h, c) in depth_agreement(depths, d2t).items()}
+  assert out == {
+    "top1_step1": (1.0, 2.0),
+    "prefix_step1": (1.0, 2.0),
+    "top1_step2": (2.0, 3.0),
+    "prefix_step2": (1.0, 3.0),  # anchor 1 was wrong at depth 1; anchor 2 right at both
+  }
+  medusa = depth_agreement(depths, d2t, key="top1_head{}", first=0)
+  assert {"top1_head0", "top1_head1", "prefix_step1", "prefix_step2"} == set(medusa)
+
+
+def test_rescore_scores_the_shipped_drafter_as_its_training_did(ship):
+  config, _, heldout, meta = ship("medusa")
+  path, shipped, new = rescore.rescore(copy.deepcopy(config))
+  assert shipped == meta and path.endswith("tiny-medusa.json")
+  assert not rescore.changed_metrics(heldout, new, tolerance=0.05)  # float16 against float32
+  assert set(new) == set(heldout) - {"step"}  # the same evaluation: nothing added, nothing lost
+  assert rescore.changed_metrics({"top1_head0": 0.5}, {"top1_head0": 0.6})  # a real change shows
 
 
 def test_training_keeps_the_checkpoint_with_the_best_simulated_tau(tiny, tmp_path):

@@ -5,6 +5,7 @@ distribution, per-row cache compaction, no host sync)."""
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +22,7 @@ from specjax.drafters.tree_heads import (
   HeadState,
   HeadTreeDrafter,
   MedusaHeadParams,
+  fitted_tree,
   medusa_logits_source,
   published_medusa_logits,
 )
@@ -40,6 +42,7 @@ from specjax.trees import (
   TokenTree,
   ancestor_mask,
   children_table,
+  conditional_rates,
   default_static_tree,
   heldout_depth_top1,
   static_token_tree,
@@ -98,6 +101,14 @@ def test_static_trees_fitted_to_heldout_accuracy():
   fitted = default_static_tree(6, 3, [0.7, 0.3, 0.2])  # reach: .7 .35 .21 .175 .105 (ties: .105)
   assert set(fitted.paths) == {(0,), (1,), (2,), (0, 0), (0, 1)} and fitted.max_depth == 2
   assert default_static_tree(4, 2, [0.3, 0.1]).max_depth == 1
+  # Later depths that read the greedy depth-1 draft hang under that node only.
+  assert (1, 0) in default_static_tree(6, 2, [0.7, 0.7]).paths
+  spine = default_static_tree(6, 2, [0.7, 0.7], greedy_first=True)
+  assert set(spine.paths) == {(0,), (1,), (2,), (0, 0), (0, 1)}
+  # A shipped first-token drafter's tree: its chained rates (0.7, then 0.49 / 0.7) and the spine.
+  held = {"prefix_step1": 0.7, "prefix_step2": 0.49, "top1_step1": 0.7, "top1_step2": 0.5}
+  peagle = types.SimpleNamespace(metadata={"config": {"first_token": True}, "heldout": held})
+  assert fitted_tree(peagle, types.SimpleNamespace(n_nodes=6, depth=2)).paths == spine.paths
   with pytest.raises(ValueError, match="depth_top1 has"):
     default_static_tree(6, 3, [0.7, 0.3])
   medusa = {"heldout": {"top1_head0": 0.3, "top1_head1": 0.2, "simulated_tau": 1.4}}
@@ -106,6 +117,10 @@ def test_static_trees_fitted_to_heldout_accuracy():
   block = {"heldout": {"top1_step1": 0.7, "top1_step2": 0.3}}
   assert heldout_depth_top1(block, 2) == [0.7, 0.3]
   assert heldout_depth_top1({}, 1) is None
+  # Chained agreement (depths 1..j all right) gives rates conditional on the earlier depths.
+  chained = {"heldout": {**block["heldout"], "prefix_step1": 0.7, "prefix_step2": 0.28}}
+  assert heldout_depth_top1(chained, 2) == pytest.approx([0.7, 0.4])
+  assert conditional_rates([0.5, 0.6, 0.0, 0.0]) == [0.5, 1.0, 0.0, 0.0]  # clipped; 0 stays 0
 
 
 def test_dynamic_helpers_match_static_buffers():

@@ -3,8 +3,9 @@
   python train/curve.py /tmp/specjax_train_eagle3 [/tmp/other_run ...]
 
 For each work directory: one row per held-out evaluation in `metrics.jsonl` (step, each
-per-position top-1 agreement, simulated tau, and the same over each response's first N tokens
-when the run scored them, `train.eval_first`) and the step kept as best (`best/best.json`);
+per-position top-1 agreement, the chained agreement `prefix_step{j}` (depths 1..j all right),
+simulated tau, and the same over each response's first N tokens when the run scored them,
+`train.eval_first`) and the step kept as best (`best/best.json`);
 with several directories, a last table of each run's training positions and best row (a
 data-scaling table when the runs differ only in `data.train_positions`).
 """
@@ -31,7 +32,7 @@ def evaluations(workdir: str) -> list[dict]:
 
 
 def _rate_keys(rows: list[dict]) -> list[str]:
-  keys = {k for r in rows for k in r if k.startswith("top1")}
+  keys = {k for r in rows for k in r if k.startswith(("top1", "prefix"))}
   return sorted(keys, key=lambda k: (len(k), k))
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import optax
 
 from specjax.integrity import write_json_atomic
+from specjax.trees import conditional_rates
 from train.checkpoint import Checkpointer
 from train.data import Windows, step_windows
 
@@ -179,24 +180,31 @@ def evaluate(
 
 
 _POSITION_KEY = re.compile(r"top1(?:_(?:step|head)(\d+))?$")
+_PREFIX_KEY = re.compile(r"prefix_step(\d+)$")
 
 
 def simulated_tau(ev: dict, k: int = 4) -> float:
-  """Expected tokens per verification of a K-token chain from held-out per-position agreement.
+  """Expected tokens per verification of a greedy K-token chain from held-out agreement.
 
-  Drafted position i counts as accepted with its held-out rate a_i (EAGLE's step i, Medusa's head
-  i - 1, a draft LM's next-token rate for every i; positions past the measured ones reuse the last
-  rate), independently, so tau = 1 + sum_i prod_{j <= i} a_j. EAGLE's unrolled steps read the true
-  earlier tokens, so a_i approximates acceptance given positions < i were accepted; for Medusa's
-  heads it is a marginal rate and the product an estimate.
+  With `prefix_step{j}` (`losses.depth_agreement`: drafts at depths 1..j all right), that is the
+  chain's acceptance of j drafts, so tau = 1 + sum_{j <= K} prefix_j, exact on the held-out
+  positions; depths past the measured ones keep the last measured ratio prefix_j / prefix_{j-1}.
+  Without it (a draft LM's single next-token rate, records written before it existed), drafted
+  position i counts as accepted with its own rate a_i (EAGLE's step i, Medusa's head i - 1; the
+  last rate for positions past the measured ones), independently: tau = 1 + sum_i prod_{j <= i}
+  a_j, an estimate.
   """
-  found = sorted(
-    (int(m.group(1) or 0), v) for key, v in ev.items() if (m := _POSITION_KEY.match(key))
-  )
-  if not found:
-    raise ValueError(f"no per-position agreement (top1*) among held-out metrics {sorted(ev)}")
-  rates = [v for _, v in found][:k]
-  rates += [rates[-1]] * (k - len(rates))
+  prefix = sorted((int(m.group(1)), v) for key, v in ev.items() if (m := _PREFIX_KEY.match(key)))
+  if prefix:
+    rates = conditional_rates([v for _, v in prefix])
+  else:
+    found = sorted(
+      (int(m.group(1) or 0), v) for key, v in ev.items() if (m := _POSITION_KEY.match(key))
+    )
+    if not found:
+      raise ValueError(f"no per-position agreement (top1*) among held-out metrics {sorted(ev)}")
+    rates = [v for _, v in found]
+  rates = rates[:k] + [rates[-1]] * (k - len(rates))
   tau, run = 1.0, 1.0
   for a in rates:
     run *= a

@@ -66,3 +66,28 @@ def agreement(logits: jax.Array, d2t: jax.Array, labels: jax.Array, mask: jax.Ar
   pred = d2t[jnp.argmax(logits, -1)]
   m = mask.astype(jnp.float32)
   return jnp.sum((pred == labels) * m), jnp.sum(m)
+
+
+def depth_agreement(depths, d2t: jax.Array, key: str = "top1_step{}", first: int = 1) -> dict:
+  """Held-out agreement of a drafter's greedy drafts at depths 1..K of every anchor position.
+
+  Args:
+    depths: K (logits [B, T, V'], labels [B, T], mask [B, T]) triples, depth 1 first, each
+      aligned by anchor position t.
+    d2t: [V'] draft-to-target token ids.
+    key: the per-depth key, formatted with depth - 1 + first (`top1_step{}` from 1, Medusa's
+      `top1_head{}` from 0).
+
+  Returns:
+    {key(j): (hits, count)} for each depth j alone, and {"prefix_step{j}": (hits, count)}: the
+    positions whose drafts at depths 1..j all equal the target's greedy tokens, that is, where a
+    greedy chain of >= j drafts accepts j of them (`loop.simulated_tau`).
+  """
+  out, run = {}, None
+  for j, (logits, labels, mask) in enumerate(depths):
+    hit = d2t[jnp.argmax(logits, -1)] == labels
+    run = hit if run is None else run & hit
+    m = mask.astype(jnp.float32)
+    out[key.format(j + first)] = (jnp.sum(hit * m), jnp.sum(m))
+    out[f"prefix_step{j + 1}"] = (jnp.sum(run * m), jnp.sum(m))
+  return out

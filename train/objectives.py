@@ -37,6 +37,7 @@ from train.data import Batch
 from train.losses import (
   agreement,
   ahead,
+  depth_agreement,
   doc_causal_mask,
   entropy,
   masked_mean,
@@ -173,12 +174,15 @@ class MedusaObjective:
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
     logits = medusa_logits(self._params(trainable, frozen), batch.hidden)
-    out = {}
-    for k in range(self.n_heads):
-      mask = same_doc(batch, k + 2) & ahead(batch.response, k + 1, False)
-      labels = ahead(batch.tokens, k + 2)
-      out[f"top1_head{k}"] = agreement(logits[:, :, k], frozen["d2t"], labels, mask)
-    return out
+    depths = [
+      (
+        logits[:, :, k],
+        ahead(batch.tokens, k + 2),
+        same_doc(batch, k + 2) & ahead(batch.response, k + 1, False),
+      )
+      for k in range(self.n_heads)
+    ]
+    return depth_agreement(depths, frozen["d2t"], key="top1_head{}", first=0)
 
   def draft_params(self, trainable, frozen) -> MedusaParams:
     return self._params(trainable, frozen)
@@ -312,12 +316,15 @@ class EagleObjective:
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
     p = self.params(trainable, frozen)
-    out = {}
-    for j, o in enumerate(self.unroll(trainable, frozen, batch), 1):
-      mask = same_doc(batch, j + 1) & ahead(batch.response, j, False)
-      logits = head_logits(p, o, self.cfg.norm_eps)
-      out[f"top1_step{j}"] = agreement(logits, frozen["d2t"], ahead(batch.tokens, j + 1), mask)
-    return out
+    depths = [
+      (
+        head_logits(p, o, self.cfg.norm_eps),
+        ahead(batch.tokens, j + 1),
+        same_doc(batch, j + 1) & ahead(batch.response, j, False),
+      )
+      for j, o in enumerate(self.unroll(trainable, frozen, batch), 1)
+    ]
+    return depth_agreement(depths, frozen["d2t"])
 
   def draft_params(self, trainable, frozen) -> EagleParams:
     return self.params(trainable, frozen)
@@ -417,12 +424,15 @@ class PardObjective:
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
     logits = self.logits(trainable, frozen, batch)
-    out = {}
-    for j in range(self.k):
-      mask = same_doc(batch, j + 1) & ahead(batch.response, j, False)
-      labels = ahead(batch.tokens, j + 1)
-      out[f"top1_step{j + 1}"] = agreement(logits[:, j], frozen["d2t"], labels, mask)
-    return out
+    depths = [
+      (
+        logits[:, j],
+        ahead(batch.tokens, j + 1),
+        same_doc(batch, j + 1) & ahead(batch.response, j, False),
+      )
+      for j in range(self.k)
+    ]
+    return depth_agreement(depths, frozen["d2t"])
 
   def draft_params(self, trainable, frozen) -> PardParams:
     lm = self._lm().draft_params(frozen["lm"], frozen)
@@ -561,12 +571,15 @@ class PEagleObjective:
     if self.first_token:  # depth 1 does not read the masks: its outputs stand
       first = first_tokens(p, head_logits(e, o[:, 0], self.cfg.norm_eps))
       o = self.outputs(p, batch, first)
-    out = {}
-    for j in range(self.k):
-      mask = same_doc(batch, j + 2) & ahead(batch.response, j + 1, False)
-      logits = head_logits(e, o[:, j], self.cfg.norm_eps)
-      out[f"top1_step{j + 1}"] = agreement(logits, frozen["d2t"], ahead(batch.tokens, j + 2), mask)
-    return out
+    depths = [
+      (
+        head_logits(e, o[:, j], self.cfg.norm_eps),
+        ahead(batch.tokens, j + 2),
+        same_doc(batch, j + 2) & ahead(batch.response, j + 1, False),
+      )
+      for j in range(self.k)
+    ]
+    return depth_agreement(depths, frozen["d2t"])
 
   def draft_params(self, trainable, frozen) -> PEagleParams:
     return self.params(trainable, frozen)

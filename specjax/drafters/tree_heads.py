@@ -203,8 +203,11 @@ class BlockTreeDrafter(StaticTreeShape, TreeDrafterDefaults):
 def fitted_tree(shipped, t) -> StaticTree:
   """`trees.default_static_tree(t.n_nodes, t.depth)` fitted to the shipped drafter's held-out
   per-depth top-1 accuracies (`trees.heldout_depth_top1`), or the fixed prior when its metadata
-  does not record them."""
-  return default_static_tree(t.n_nodes, t.depth, heldout_depth_top1(shipped.metadata, t.depth))
+  does not record them; with children under the greedy depth-1 node only when its later depths
+  read that draft (`config.first_token`)."""
+  greedy_first = bool((shipped.metadata.get("config") or {}).get("first_token"))
+  top1 = heldout_depth_top1(shipped.metadata, t.depth)
+  return default_static_tree(t.n_nodes, t.depth, top1, greedy_first)
 
 
 def block_tree(shipped, t, vocab_size: int) -> BlockTreeDrafter:

@@ -1,0 +1,113 @@
+"""Rescores a shipped drafter on its training config's held-out windows with today's evaluation.
+
+  python train/rescore.py --config=configs/train_medusa.py
+
+The drafter is the config's `ship.name`, loaded as its objective's warm start (`init_from`), so
+nothing trains. The held-out windows are the ones its training scored (`train.eval_windows`,
+`train.eval_first`). Metrics the shipped metadata already records must come out the same (the
+shipped weights are float16, so to within 0.01); the new ones (for example the chained agreement
+`prefix_step{j}`, and the `simulated_tau` it gives) are written into the metadata's `heldout`,
+with `rescored` saying when and how. The weights and their sha256 do not change.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+import time
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+TOLERANCE = 0.01  # float16 shipped weights against the float32 state that was scored
+
+
+def log(line: str) -> None:
+  print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+
+def changed_metrics(old: dict, new: dict, tolerance: float = TOLERANCE) -> list[str]:
+  """The rate metrics (values in [0, 1]) both record that differ by more than `tolerance`."""
+  return [
+    f"{k}: shipped {old[k]:.4f}, now {new[k]:.4f}"
+    for k in sorted(set(old) & set(new))
+    if ("top1" in k or "prefix" in k) and abs(old[k] - new[k]) > tolerance
+  ]
+
+
+def rescore(config) -> tuple[str, dict, dict]:
+  """(the shipped drafter's metadata path, its metadata, its held-out metrics as
+  `train.loop.evaluate` computes them now)."""
+  import jax
+
+  from specjax.drafters.shipped import read_metadata
+  from train import pipeline
+  from train.loop import evaluate
+
+  name = config.ship.name
+  config.objective.init_from = name
+  config.train.steps = 0  # only the held-out windows' features are needed
+  s = pipeline.settings_from_config(config)
+  meta = read_metadata(name, s.ship_dir)
+  params, tcfg, tok = pipeline.load_model(s.target)
+  objective = pipeline.make_objective(s.objective, tcfg)
+  if getattr(objective, "init_from", None) != name:
+    raise ValueError(
+      f"objective kind {s.objective['kind']!r} cannot start from a shipped drafter "
+      f"(init_from), so {name!r} cannot be loaded for scoring; rescoring supports the kinds that "
+      "continue one (eagle, medusa, peagle)"
+    )
+  store, manifest = pipeline.ensure_features(s, params, tcfg, tok, log)
+  if manifest.get("corpus") != meta["data"].get("corpus"):
+    raise ValueError(
+      f"{name} was trained on corpus {meta['data'].get('corpus')}, the config reads "
+      f"{manifest.get('corpus')}: its held-out windows would not be the ones it was scored on"
+    )
+  fused = bool(getattr(objective, "fuse_layers", ()))
+  train_w, eval_w = pipeline._windows(store, s, fused)
+  need = pipeline.positions_read(s.train, train_w, eval_w)
+  if (need > store.read_lens).any():
+    store, manifest = pipeline.read_documents(s, manifest, need, store.read_lens, tcfg, params, log)
+    train_w, eval_w = pipeline._windows(store, s, fused)
+  d2t = pipeline.shipped_vocabulary(name, params, tcfg, s.ship_dir)
+  key = jax.random.PRNGKey(s.train.seed)  # unused by a warm start; init takes one
+  trainable, frozen = objective.init(key, params, tcfg, d2t, shipped_dir=s.ship_dir)
+  log(f"{name}: scoring {s.train.eval_windows} held-out windows")
+  t = s.train
+  new = evaluate(objective, trainable, frozen, eval_w, t.eval_windows, t.batch_size, t.eval_first)
+  return os.path.join(s.ship_dir, f"{name}.json"), meta, new
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from specjax.integrity import write_json_atomic
+
+  name = _CONFIG.value.ship.name
+  path, meta, new = rescore(_CONFIG.value)
+  old = meta.get("heldout") or {}
+  bad = changed_metrics(old, new)
+  if bad:
+    sys.exit(f"FATAL: {name}'s recorded held-out metrics do not reproduce: {'; '.join(bad)}")
+  added = sorted(set(new) - set(old))
+  log(f"{name}: reproduced {len(set(old) & set(new))} recorded metrics; new: {added}")
+  log(f"simulated tau: recorded {old.get('simulated_tau')}, now {new['simulated_tau']:.4f}")
+  if _WRITE.value:
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    heldout = {**old, **new, "step": old.get("step")}
+    heldout["rescored"] = {"date": stamp, "by": "train/rescore.py", "added": added}
+    write_json_atomic(path, {**meta, "heldout": heldout})
+    log(f"wrote {path}")
+
+
+if __name__ == "__main__":  # flags only when run as a script: tests import the functions
+  _CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "The drafter's training config (configs/train_*.py).", lock_config=False
+  )
+  _WRITE = flags.DEFINE_bool("write", True, "Write the new metrics into the shipped metadata.")
+  flags.mark_flags_as_required(["config"])
+  app.run(main)
