@@ -688,10 +688,11 @@ def test_depth_agreement_counts_chains_that_stay_right():
   assert {"top1_head0", "top1_head1", "prefix_step1", "prefix_step2"} == set(medusa)
 
 
-def test_rescore_scores_the_shipped_drafter_as_its_training_did(ship):
-  config, _, heldout, meta = ship("medusa")
+@pytest.mark.parametrize("kind", ["medusa", "peagle"])  # peagle: the vocabulary is its base's
+def test_rescore_scores_the_shipped_drafter_as_its_training_did(ship, kind):
+  config, _, heldout, meta = ship(kind)
   path, shipped, new = rescore.rescore(copy.deepcopy(config))
-  assert shipped == meta and path.endswith("tiny-medusa.json")
+  assert shipped == meta and path.endswith(f"tiny-{kind}.json")
   assert not rescore.changed_metrics(heldout, new, tolerance=0.05)  # float16 against float32
   assert set(new) == set(heldout) - {"step"}  # the same evaluation: nothing added, nothing lost
   assert rescore.changed_metrics({"top1_head0": 0.5}, {"top1_head0": 0.6})  # a real change shows

@@ -7,7 +7,7 @@ nothing trains. The held-out windows are the ones its training scored (`train.ev
 `train.eval_first`). Metrics the shipped metadata already records must come out the same (the
 shipped weights are float16, so to within 0.01); the new ones (for example the chained agreement
 `prefix_step{j}`, and the `simulated_tau` it gives) are written into the metadata's `heldout`,
-with `rescored` saying when and how. The weights and their sha256 do not change.
+with `heldout_rescored` saying when and how. The weights and their sha256 do not change.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def rescore(config) -> tuple[str, dict, dict]:
   if (need > store.read_lens).any():
     store, manifest = pipeline.read_documents(s, manifest, need, store.read_lens, tcfg, params, log)
     train_w, eval_w = pipeline._windows(store, s, fused)
-  d2t = pipeline.shipped_vocabulary(name, params, tcfg, s.ship_dir)
+  source = s.objective.get("base") or name  # a drafter that extends another keeps its vocabulary
+  d2t = pipeline.shipped_vocabulary(source, params, tcfg, s.ship_dir)
   key = jax.random.PRNGKey(s.train.seed)  # unused by a warm start; init takes one
   trainable, frozen = objective.init(key, params, tcfg, d2t, shipped_dir=s.ship_dir)
   log(f"{name}: scoring {s.train.eval_windows} held-out windows")
@@ -99,8 +100,8 @@ def main(argv):
   if _WRITE.value:
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     heldout = {**old, **new, "step": old.get("step")}
-    heldout["rescored"] = {"date": stamp, "by": "train/rescore.py", "added": added}
-    write_json_atomic(path, {**meta, "heldout": heldout})
+    rescored = {"date": stamp, "by": "train/rescore.py", "added": added}
+    write_json_atomic(path, {**meta, "heldout": heldout, "heldout_rescored": rescored})
     log(f"wrote {path}")
 
 
