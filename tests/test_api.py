@@ -24,14 +24,14 @@ def test_methods_by_name_equal_ar_row_by_row(target):
     ("prompt_lookup", False),
     ("eagle3-smollm2-135m", False),
     ("eagle3-smollm2-135m", True),
-    ("peagle-smollm2-135m", True),  # its fitted 16-node tree stops at depth 3 of the allowed 4
+    ("peagle-smollm2-135m", True),  # its block drafts as deep as its fitted 16-node tree goes
     ("lookup_first", False),
   ]
   for method, tree in cases:
     lm = SpeculativeLM(target, method, k=3, tree=tree, max_new_tokens=24)
     assert lm.method.loop == ("tree" if tree else "chain")
     if method == "peagle-smollm2-135m":
-      assert lm.method.drafter.tree.max_depth == lm.method.drafter.block.k == 3
+      assert lm.method.drafter.tree.max_depth == lm.method.drafter.block.k
     out = lm.generate(QUESTIONS)
     assert [c.tokens for c in out] == [c.tokens for c in ar], (method, tree)
     assert [c.text for c in out] == [c.text for c in ar]

@@ -81,7 +81,7 @@ def depth_agreement(depths, d2t: jax.Array, key: str = "top1_step{}", first: int
   Returns:
     {key(j): (hits, count)} for each depth j alone, and {"prefix_step{j}": (hits, count)}: the
     positions whose drafts at depths 1..j all equal the target's greedy tokens, that is, where a
-    greedy chain of >= j drafts accepts j of them (`loop.simulated_tau`).
+    greedy chain of >= j drafts accepts at least j of them (`loop.simulated_tau`).
   """
   out, run = {}, None
   for j, (logits, labels, mask) in enumerate(depths):
