@@ -550,6 +550,17 @@ def _windows(store: features.FeatureStore, s: RunSettings, with_layers: bool):
   return train_w, Windows(store, s.train.seq_len, heldout=True, with_layers=with_layers)
 
 
+def windows_read(s: RunSettings, store, manifest: dict, with_layers: bool, tcfg, params, log):
+  """(store, manifest, training windows, held-out windows) of run `s`, after reading through the
+  target the positions they use that the cache lacks (`read_documents`)."""
+  train_w, eval_w = _windows(store, s, with_layers)
+  need = positions_read(s.train, train_w, eval_w)
+  if (need > store.read_lens).any():
+    store, manifest = read_documents(s, manifest, need, store.read_lens, tcfg, params, log)
+    train_w, eval_w = _windows(store, s, with_layers)
+  return store, manifest, train_w, eval_w
+
+
 def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: int | None = None):
   """Trains the configured drafter in `workdir` (resuming if possible) and ships it if asked.
 
@@ -589,11 +600,9 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
         f"the head fuses target layers {fused} but the feature cache stores "
         f"{tuple(s.data.features.hidden_layers)}; set data.features.hidden_layers to match"
       )
-    train_w, eval_w = _windows(store, s, bool(fused))
-    need = positions_read(s.train, train_w, eval_w)
-    if (need > store.read_lens).any():
-      store, manifest = read_documents(s, manifest, need, store.read_lens, tcfg, params, log)
-      train_w, eval_w = _windows(store, s, bool(fused))
+    store, manifest, train_w, eval_w = windows_read(
+      s, store, manifest, bool(fused), tcfg, params, log
+    )
     log(
       f"{objective.name}: {train_w.n_positions} training positions ({train_w.n_windows} windows), "
       f"{eval_w.n_positions} held-out; draft vocabulary {len(d2t)}"

@@ -68,11 +68,7 @@ def rescore(config) -> tuple[str, dict, dict]:
       f"{manifest.get('corpus')}: its held-out windows would not be the ones it was scored on"
     )
   fused = bool(getattr(objective, "fuse_layers", ()))
-  train_w, eval_w = pipeline._windows(store, s, fused)
-  need = pipeline.positions_read(s.train, train_w, eval_w)
-  if (need > store.read_lens).any():
-    store, manifest = pipeline.read_documents(s, manifest, need, store.read_lens, tcfg, params, log)
-    train_w, eval_w = pipeline._windows(store, s, fused)
+  _, _, _, eval_w = pipeline.windows_read(s, store, manifest, fused, tcfg, params, log)
   source = s.objective.get("base") or name  # a drafter that extends another keeps its vocabulary
   d2t = pipeline.shipped_vocabulary(source, params, tcfg, s.ship_dir)
   key = jax.random.PRNGKey(s.train.seed)  # unused by a warm start; init takes one
