@@ -28,6 +28,12 @@ def scored(batch: Batch, d: int, r: int) -> jax.Array:
   return mask if batch.weight is None else mask * ahead(batch.weight, r, 0.0)
 
 
+def greedy_target(batch: Batch, n: int) -> tuple[jax.Array, jax.Array]:
+  """([B, T] the target's greedy token n positions ahead of t, [B, T] where it is scored: in t's
+  document and a response token, x_{t+n} with response[t + n - 1] set)."""
+  return ahead(batch.tokens, n), same_doc(batch, n) & ahead(batch.response, n - 1, False)
+
+
 def doc_causal_mask(doc: jax.Array) -> jax.Array:
   """[B, T, T] causal attention that stays inside each document."""
   T = doc.shape[1]

@@ -40,8 +40,8 @@ from train.losses import (
   depth_agreement,
   doc_causal_mask,
   entropy,
+  greedy_target,
   masked_mean,
-  same_doc,
   scored,
   smooth_l1,
   soft_cross_entropy,
@@ -109,8 +109,7 @@ class DraftLMObjective:
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
     logits = self.logits(trainable, frozen, batch)
-    mask = batch.response & same_doc(batch, 1)
-    return {"top1": agreement(logits, frozen["d2t"], ahead(batch.tokens, 1), mask)}
+    return {"top1": agreement(logits, frozen["d2t"], *greedy_target(batch, 1))}
 
   def draft_params(self, trainable, frozen) -> DraftLMParams:
     head = trainable.get("lm_head", frozen["head"])
@@ -174,14 +173,7 @@ class MedusaObjective:
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
     logits = medusa_logits(self._params(trainable, frozen), batch.hidden)
-    depths = [
-      (
-        logits[:, :, k],
-        ahead(batch.tokens, k + 2),
-        same_doc(batch, k + 2) & ahead(batch.response, k + 1, False),
-      )
-      for k in range(self.n_heads)
-    ]
+    depths = [(logits[:, :, k], *greedy_target(batch, k + 2)) for k in range(self.n_heads)]
     return depth_agreement(depths, frozen["d2t"], key="top1_head{}", first=0)
 
   def draft_params(self, trainable, frozen) -> MedusaParams:
@@ -317,11 +309,7 @@ class EagleObjective:
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
     p = self.params(trainable, frozen)
     depths = [
-      (
-        head_logits(p, o, self.cfg.norm_eps),
-        ahead(batch.tokens, j + 1),
-        same_doc(batch, j + 1) & ahead(batch.response, j, False),
-      )
+      (head_logits(p, o, self.cfg.norm_eps), *greedy_target(batch, j + 1))
       for j, o in enumerate(self.unroll(trainable, frozen, batch), 1)
     ]
     return depth_agreement(depths, frozen["d2t"])
@@ -424,14 +412,7 @@ class PardObjective:
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
     logits = self.logits(trainable, frozen, batch)
-    depths = [
-      (
-        logits[:, j],
-        ahead(batch.tokens, j + 1),
-        same_doc(batch, j + 1) & ahead(batch.response, j, False),
-      )
-      for j in range(self.k)
-    ]
+    depths = [(logits[:, j], *greedy_target(batch, j + 1)) for j in range(self.k)]
     return depth_agreement(depths, frozen["d2t"])
 
   def draft_params(self, trainable, frozen) -> PardParams:
@@ -572,11 +553,7 @@ class PEagleObjective:
       first = first_tokens(p, head_logits(e, o[:, 0], self.cfg.norm_eps))
       o = self.outputs(p, batch, first)
     depths = [
-      (
-        head_logits(e, o[:, j], self.cfg.norm_eps),
-        ahead(batch.tokens, j + 2),
-        same_doc(batch, j + 2) & ahead(batch.response, j + 1, False),
-      )
+      (head_logits(e, o[:, j], self.cfg.norm_eps), *greedy_target(batch, j + 2))
       for j in range(self.k)
     ]
     return depth_agreement(depths, frozen["d2t"])
