@@ -132,6 +132,20 @@ def parse_drafters(entries: list[str], default_k: int) -> list[tuple[str, int]]:
   return out
 
 
+def heldout_summary(heldout: dict) -> str:
+  """The held-out metrics a drafter's metadata records, one table cell: top-1 per depth on its
+  own, the chained agreement (depths 1..j all right) where recorded, and the simulated tau."""
+  rates = lambda prefix: "/".join(
+    f"{v:.3f}" for k, v in heldout.items() if k.startswith(prefix) and k[len(prefix):].isdigit()
+  )
+  cell = rates("top1_step") or rates("top1_head") or f"{heldout.get('top1', float('nan')):.3f}"
+  if "prefix_step1" in heldout:
+    cell += f"; chained {rates('prefix_step')}"
+  if "simulated_tau" in heldout:
+    cell += f"; simulated tau {heldout['simulated_tau']:.2f}"
+  return cell
+
+
 def main(argv):
   del argv
   target = load_target("smollm2-135m-instruct", _DTYPE.value)
@@ -152,18 +166,14 @@ def main(argv):
   print(f"# Shipped drafters on {suite} (greedy, batch 1, {_DTYPE.value}, chain: {runs})\n")
   print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
   print(
-    "| drafter | kind | K | held-out top-1 (training metric) | c | propose/step "
+    "| drafter | kind | K | held-out top-1 per depth; chained (training metric) | c | propose/step "
     "| verify/step | step ms |"
   )
   print("|---|---|---:|---|---:|---:|---:|---:|")
   for n, kn, w in runs:
     s = shipped[n, w]
     cst = cost_ratios(target, s, kn, _REPS.value)
-    held = ", ".join(
-      f"{a} {b:.3f}" for a, b in s.metadata["heldout"].items() if a.startswith("top1")
-    )
-    if "simulated_tau" in s.metadata["heldout"]:
-      held += f"; simulated tau {s.metadata['heldout']['simulated_tau']:.2f}"
+    held = heldout_summary(s.metadata["heldout"])
     print(
       f"| {n}{tag[w]} | {s.kind} | {kn} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
       f"| {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
