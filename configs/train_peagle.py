@@ -31,6 +31,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The masks read the depth-1 token too (x_{t+2} in training, the head's greedy draft when
   # drafting): depths past 1 only count once depth 1 was accepted, so they may assume it.
   config.objective.first_token = True
+  # The masks also read the head's depth-1 output through a zero-initialised projection
+  # (`objective.head_state`), what EAGLE's sequential step 2 reads as its feature.
+  config.objective.head_state = False
   config.train.steps = 250  # ~8.6 s/step on 2 cores once the feature cache holds the windows
   config.train.lr = 1e-3
   config.train.batch_size = 4

@@ -34,6 +34,7 @@ from specjax.sampling import SamplingConfig
 from specjax.speculative import speculative_generate
 from train import corpus, decontam, features, pipeline, prompts, rescore, sources, teacher_forced
 from train.data import Batch, Windows, step_windows
+from train.export import export_drafter
 from train.features import FeatureStore
 from train.loop import evaluate, make_optimizer, positions_read, read_metrics, simulated_tau
 from train.losses import depth_agreement
@@ -446,6 +447,40 @@ def test_peagle_warm_starts_from_a_shipped_mask_path_over_a_changed_base(tiny, s
     deeper.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
 
 
+def test_peagle_head_state_starts_as_the_mask_path_it_continues(tiny, ship, tmp_path):
+  """objective.head_state over a shipped P-EAGLE that did not read the head's state starts with a
+  zero projection, so its depths are that drafter's; once shipped, the projection loads with it,
+  and continuing it without head_state is refused."""
+  root, params, cfg, store = tiny[:4]
+  ship("peagle")
+  shipped_dir = tmp_path / "shipped"
+  shutil.copytree(root / "shipped", shipped_dir)
+  o = dict(tiny_config("train_peagle", root, init_from="tiny-peagle").objective)
+  plain = pipeline.make_objective(o, cfg)
+  reads = pipeline.make_objective({**o, "head_state": True}, cfg)
+  d2t = np.asarray(load_shipped("tiny-peagle", params, cfg, str(shipped_dir)).params.eagle.d2t)
+  tr0, fr0 = plain.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+  tr1, fr1 = reads.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+  assert not np.any(np.asarray(tr1["mask_state"]))
+  d = int(np.argmax(store.doc_lens))
+  s, n = store.doc_starts[d], store.doc_lens[d]
+  toks = jnp.asarray(store.tokens[s : s + n])[None]
+  full = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
+  batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
+                jnp.arange(n)[None], jnp.ones((1, n), bool))  # fmt: skip
+  np.testing.assert_allclose(
+    reads.outputs(reads.params(tr1, fr1), batch), plain.outputs(plain.params(tr0, fr0), batch),
+    atol=1e-5,
+  )
+  tr1 = {**tr1, "mask_state": jnp.full_like(tr1["mask_state"], 0.01)}
+  export_drafter(str(shipped_dir), "tiny-peagle-state", reads, tr1, fr1, "tiny", cfg, {})
+  loaded = load_shipped("tiny-peagle-state", params, cfg, str(shipped_dir)).params
+  np.testing.assert_allclose(loaded.mask_state, 0.01, rtol=1e-3)
+  again = pipeline.make_objective({**o, "init_from": "tiny-peagle-state"}, cfg)
+  with pytest.raises(ValueError, match="head_state"):
+    again.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+
+
 def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_path):
   root = tiny[0]
   config = tiny_config("train_peagle", root, base="")
@@ -520,11 +555,15 @@ def test_training_computation_is_what_the_drafters_run(tiny):
     np.testing.assert_allclose(prop.logq[0, j], ref, atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("kind,first", [("pard", False), ("peagle", False), ("peagle", True)])
-def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, first):
+@pytest.mark.parametrize(
+  "kind,first,state",
+  [("pard", False, False), ("peagle", False, False), ("peagle", True, False), ("peagle", True, True)],
+)
+def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, first, state):
   """Every depth of the parallel objectives (`train.streams`) equals the block the drafter reads
   at the same anchor, with weights perturbed away from their initialisation (first: P-EAGLE's
-  masks read the head's greedy depth-1 draft, as its evaluation feeds them)."""
+  masks read the head's greedy depth-1 draft, as its evaluation feeds them; state: and the
+  head's depth-1 output)."""
   _, params, cfg, store = tiny[:4]
   d = int(np.argmax(store.doc_lens))
   s, n = store.doc_starts[d], store.doc_lens[d]
@@ -535,7 +574,7 @@ def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, firs
                 jnp.arange(n)[None], ones)  # fmt: skip
   k, a, cap = 3, n - 6, 64
   o = dict(kind=kind, k=k, n_layers=1, init_layers=(1,), fuse_layers=(0, 1), init_layer=1,
-           first_token=first)  # fmt: skip
+           first_token=first, head_state=state)  # fmt: skip
   obj = pipeline.make_objective(o, cfg)
   tr, fr = obj.init(jax.random.PRNGKey(1), params, cfg, np.arange(64))
   tr = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape), tr)

@@ -31,7 +31,13 @@ from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
 from specjax.drafters.eagle import EagleDrafter, EagleParams, feature, head_logits, layer_inputs
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams, medusa_logits
 from specjax.drafters.pard import PardDrafter, PardParams
-from specjax.drafters.peagle import PEagleDrafter, PEagleParams, first_tokens, mask_inputs
+from specjax.drafters.peagle import (
+  PEagleDrafter,
+  PEagleParams,
+  first_tokens,
+  head_state,
+  mask_inputs,
+)
 from specjax.model import Params, init_params, rms_norm
 from train.data import Batch
 from train.losses import (
@@ -451,6 +457,9 @@ class PEagleObjective:
       in training the true x_{t+2} (depths past 1 only matter once depth 1 was accepted), in
       evaluation and drafting the head's greedy draft. Off, depth j + 1 must guess x_{t+j+2}
       without x_{t+2}.
+    head_state: the masks also read the frozen head's depth-1 output at the anchor (the state
+      EAGLE's sequential step 2 reads as its feature), through a trained [D, D] projection that
+      starts at zero (`peagle.mask_inputs`); the block still costs two passes.
   """
 
   cfg: ModelConfig
@@ -462,6 +471,7 @@ class PEagleObjective:
   decay: float = 0.8
   init_from: str = ""
   first_token: bool = False
+  head_state: bool = False
   name = "peagle"
 
   def _eagle(self) -> EagleObjective:
@@ -487,6 +497,8 @@ class PEagleObjective:
     else:
       embed = mask_embeddings(frozen, self.k)
     trainable = {"mask_layer": eagle["layer"], "mask_embed": embed}
+    if self.head_state:  # starts as a head that does not read it
+      trainable["mask_state"] = jnp.zeros((tcfg.d_model, tcfg.d_model), jnp.float32)
     if self.init_from:
       trainable = self._mask_path_of(self.init_from, trainable, tcfg, d2t, shipped_dir)
     return trainable, frozen
@@ -507,6 +519,13 @@ class PEagleObjective:
       "mask_layer": layer_params(t, "mask_layer"),
       "mask_embed": jnp.asarray(t["mask_embed"]) if same_inputs else like["mask_embed"],
     }
+    if "mask_state" in t and not self.head_state:
+      raise ValueError(
+        f"objective.init_from={name!r} reads the head's depth-1 state; set objective.head_state"
+        "=True to continue it"
+      )
+    if self.head_state:  # a drafter trained without it starts reading it from zero
+      start["mask_state"] = jnp.asarray(t.get("mask_state", like["mask_state"]))
     got = jax.tree.map(jnp.shape, start)
     if got != jax.tree.map(jnp.shape, like):
       raise ValueError(
@@ -517,7 +536,9 @@ class PEagleObjective:
 
   def params(self, trainable, frozen) -> PEagleParams:
     eagle = self._eagle().params(frozen["eagle"], frozen)
-    return PEagleParams(eagle, trainable["mask_layer"], trainable["mask_embed"])
+    return PEagleParams(
+      eagle, trainable["mask_layer"], trainable["mask_embed"], trainable.get("mask_state")
+    )
 
   def outputs(self, p: PEagleParams, batch: Batch, first=None) -> jax.Array:
     """[B, K, T, D] head outputs of weights p: depth j + 1 of every anchor; first [B, T]: the
@@ -527,9 +548,13 @@ class PEagleObjective:
     if self.first_token and first is None:
       first = ahead(batch.tokens, 2)
     x1 = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
-    masks = mask_inputs(p, g, self.k, first if self.first_token else None)
-    x = stack_streams(x1, jnp.moveaxis(masks, 2, 1))  # masks [B, K - 1, T, D]: anchor t's
     mask = doc_causal_mask(batch.doc)
+    state = None
+    if p.mask_state is not None:  # depth 1's output, which the masks read: the head alone first
+      state = head_state(p, stream_layer(e.layer, x1[:, None], batch.pos, mask, self.cfg)[:, 0],
+                         self.cfg.norm_eps)  # fmt: skip
+    masks = mask_inputs(p, g, self.k, first if self.first_token else None, state)
+    x = stack_streams(x1, jnp.moveaxis(masks, 2, 1))  # masks [B, K - 1, T, D]: anchor t's
     return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer)
 
   def loss(self, trainable, frozen, batch: Batch):

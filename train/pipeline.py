@@ -150,6 +150,7 @@ def peagle_objective(o: dict, tcfg: ModelConfig):
     decay=o.get("decay", 0.8),
     init_from=o.get("init_from", ""),
     first_token=o.get("first_token", False),
+    head_state=o.get("head_state", False),
   )
 
 

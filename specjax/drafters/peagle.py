@@ -18,8 +18,12 @@ The mask queries attend to the context keys the frozen head wrote, as in trainin
 in the metadata of a head trained for it): every mask also reads the embedding of the head's
 greedy depth-1 draft, which the first of the two passes below has already produced, so depth
 j + 1 predicts x_{t+j+2} knowing x_{t+2} instead of guessing past it; the block still costs two
-passes. A shipped P-EAGLE holds only the mask layer and
-embeddings; its metadata names the EAGLE-3 drafter it extends (`base`, checked by sha256).
+passes. A fourth is optional too (`mask_state`, present in a head trained with `head_state`):
+every mask also reads the head's depth-1 output at the anchor (normalised as the head's LM head
+reads it, through a trained projection), the state EAGLE's sequential step 2 reads as its
+feature, which the first pass has already computed. A shipped P-EAGLE holds
+only the mask layer, embeddings and projection; its metadata names the EAGLE-3 drafter it extends
+(`base`, checked by sha256).
 
 Drafting keeps `specjax.drafters.eagle`'s state and invariant: the pending verified features are
 fed as EAGLE's window (draft 1 is read at the last real pair, position seq_len - 2, whose feature
@@ -58,7 +62,7 @@ from specjax.drafters.registry import DrafterKind, layer_params, register
 from specjax.drafters.tree_heads import block_tree
 from specjax.kernels import linear, take_rows
 from specjax.kv_cache import read_rows
-from specjax.model import LayerParams
+from specjax.model import LayerParams, rms_norm
 
 
 @jax.tree_util.register_dataclass
@@ -71,23 +75,47 @@ class PEagleParams:
     mask_layer: the decoder layer the mask pairs go through.
     mask_embed: [K_max - 1, D] the learned embedding of the mask of each depth 2..K_max (a block
       of K <= K_max uses the first K - 1).
+    mask_state: [D, D] or None: a head trained with `head_state` adds this projection of the
+      head's normalised depth-1 output (what EAGLE's sequential step 2 reads as its feature) to
+      every mask input (`mask_inputs`).
   """
 
   eagle: EagleParams
   mask_layer: LayerParams
   mask_embed: jax.Array
+  mask_state: jax.Array | None = None
 
 
-def mask_inputs(params: PEagleParams, g: jax.Array, k: int, first=None) -> jax.Array:
-  """[..., K - 1, D]: W_in [mask_embed_j (+ embed(first)); g] for depths j + 1 = 2..K, g [..., D]
-  the anchor's feature; first [...] the depth-1 token (target ids) of a first-token-conditioned
-  head, or None."""
+def mask_inputs(params: PEagleParams, g: jax.Array, k: int, first=None, state=None) -> jax.Array:
+  """[..., K - 1, D]: W_in [mask_embed_j (+ embed(first)); g] (+ mask_state state) for depths
+  j + 1 = 2..K.
+
+  Args:
+    params: the drafter's weights.
+    g: [..., D] the anchor's feature.
+    k: block size K.
+    first: [...] the depth-1 token (target ids) of a first-token-conditioned head, or None.
+    state: [..., D] the head's depth-1 state at the anchor (`head_state`), read where
+      `params.mask_state` is set; ignored otherwise.
+  """
   m = mask_rows(params.mask_embed, k).astype(jnp.float32)  # [K - 1, D]
   g = jnp.broadcast_to(g.astype(jnp.float32)[..., None, :], g.shape[:-1] + m.shape)
   m = jnp.broadcast_to(m, g.shape)
   if first is not None:
     m = m + take_rows(params.eagle.embed, first).astype(jnp.float32)[..., None, :]
-  return linear(jnp.concatenate([m, g], -1), params.eagle.w_in)
+  x = linear(jnp.concatenate([m, g], -1), params.eagle.w_in)
+  if params.mask_state is None:
+    return x
+  return x + linear(state.astype(jnp.float32), params.mask_state)[..., None, :]
+
+
+def head_state(params: PEagleParams, o: jax.Array, eps: float) -> jax.Array | None:
+  """[..., D]: the head's depth-1 output o [..., D] as its LM head reads it (after the head's
+  norm), for a head whose masks read it (`mask_state`); None for one whose masks do not."""
+  if params.mask_state is None:
+    return None
+  e, o = params.eagle, o.astype(jnp.float32)
+  return o if e.norm is None else rms_norm(o, e.norm, eps)
 
 
 def first_tokens(params: PEagleParams, logits1: jax.Array) -> jax.Array:
@@ -134,7 +162,9 @@ class PEagleDrafter(BlockProposals, DrafterDefaults):
     cache = cache.with_lengths(c + m)
     if self.k > 1:  # the masks at slots c + m .. (positions seq_len - 1 ..), over that context
       first = first_tokens(params, logits[:, 0]) if self.first_token else None
-      masks = mask_inputs(params, state.pending[rows, last], self.k, first)  # [B, K - 1, D]
+      g = state.pending[rows, last]
+      state1 = head_state(params, o[rows, last], self.cfg.norm_eps)
+      masks = mask_inputs(params, g, self.k, first, state1)  # [B, K - 1, D]
       mask_head = dataclasses.replace(e, layer=params.mask_layer)
       om, _ = cached_layer(mask_head, masks, cache, self.cfg)
       logits = jnp.concatenate([logits, head_logits(e, om, self.cfg.norm_eps)], 1)
@@ -163,6 +193,7 @@ register(
       params_from_tensors(t, d2t, out_matrix, target_params),
       layer_params(t, "mask_layer"),
       t["mask_embed"],
+      t.get("mask_state"),
     ),
     chain=lambda shipped, k: PEagleDrafter(
       shipped.head_cfg,
