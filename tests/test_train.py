@@ -469,7 +469,8 @@ def test_peagle_head_state_starts_as_the_mask_path_it_continues(tiny, ship, tmp_
   batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
                 jnp.arange(n)[None], jnp.ones((1, n), bool))  # fmt: skip
   np.testing.assert_allclose(
-    reads.outputs(reads.params(tr1, fr1), batch), plain.outputs(plain.params(tr0, fr0), batch),
+    reads.outputs(reads.params(tr1, fr1), batch),
+    plain.outputs(plain.params(tr0, fr0), batch),
     atol=1e-5,
   )
   tr1 = {**tr1, "mask_state": jnp.full_like(tr1["mask_state"], 0.01)}
@@ -557,7 +558,12 @@ def test_training_computation_is_what_the_drafters_run(tiny):
 
 @pytest.mark.parametrize(
   "kind,first,state",
-  [("pard", False, False), ("peagle", False, False), ("peagle", True, False), ("peagle", True, True)],
+  [
+    ("pard", False, False),
+    ("peagle", False, False),
+    ("peagle", True, False),
+    ("peagle", True, True),
+  ],
 )
 def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, first, state):
   """Every depth of the parallel objectives (`train.streams`) equals the block the drafter reads
@@ -735,6 +741,31 @@ def test_rescore_scores_the_shipped_drafter_as_its_training_did(ship, kind):
   assert not rescore.changed_metrics(heldout, new, tolerance=0.05)  # float16 against float32
   assert set(new) == set(heldout) - {"step"}  # the same evaluation: nothing added, nothing lost
   assert rescore.changed_metrics({"top1_head0": 0.5}, {"top1_head0": 0.6})  # a real change shows
+
+
+def test_rebase_pins_the_base_shipped_now(tiny, ship, tmp_path):
+  """A P-EAGLE whose base was continued does not load; rescored over the new base, `rebased`
+  pins it (the old pin and scores kept) and the drafter loads again."""
+  root, params, cfg = tiny[:3]
+  config, _, heldout, meta = ship("peagle")
+  shipped_dir = tmp_path / "shipped"
+  shutil.copytree(root / "shipped", shipped_dir)
+  stale = {**meta, "base": {**meta["base"], "sha256": "0" * 64}}  # as if the base was continued
+  (shipped_dir / "tiny-peagle.json").write_text(json.dumps(stale))
+  with pytest.raises(ShippedDrafterError, match="retrain"):
+    load_shipped("tiny-peagle", params, cfg, str(shipped_dir))
+  config = copy.deepcopy(config)
+  config.ship.dir = str(shipped_dir)
+  _, old, new = rescore.rescore(config)
+  assert not rescore.changed_metrics(heldout, new, tolerance=0.05)
+  out = rescore.rebased(old, new, meta["base"]["sha256"], "2026-12-05")
+  assert (
+    out["rebased"]["from"]["base_sha256"] == "0" * 64 and out["heldout"]["step"] == heldout["step"]
+  )
+  (shipped_dir / "tiny-peagle.json").write_text(json.dumps(out))
+  load_shipped("tiny-peagle", params, cfg, str(shipped_dir))
+  with pytest.raises(ValueError, match="no base"):
+    rescore.rebased({"name": "x", "heldout": {}}, new, "0" * 64, "2026-12-05")
 
 
 def test_training_keeps_the_checkpoint_with_the_best_simulated_tau(tiny, tmp_path):

@@ -8,6 +8,14 @@ nothing trains. The held-out windows are the ones its training scored (`train.ev
 shipped weights are float16, so to within 0.01); the new ones (for example the chained agreement
 `prefix_step{j}`, and the `simulated_tau` it gives) are written into the metadata's `heldout`,
 with `heldout_rescored` saying when and how. The weights and their sha256 do not change.
+
+A drafter that extends another (P-EAGLE over EAGLE-3) pins its base's sha256, so continuing the
+base makes it unloadable until it is retrained. `--rebase` is the cheaper path when the
+extension still does what it did: it is scored over the base shipped now, and if every recorded
+rate reproduces (within the same tolerance) the metadata pins that base, its `heldout` becomes the
+new scores and `rebased` keeps the old base's sha256 and scores.
+
+  python train/rescore.py --config=configs/train_peagle.py --rebase
 """
 
 from __future__ import annotations
@@ -37,6 +45,20 @@ def changed_metrics(old: dict, new: dict, tolerance: float = TOLERANCE) -> list[
     for k in sorted(set(old) & set(new))
     if ("top1" in k or "prefix" in k) and abs(old[k] - new[k]) > tolerance
   ]
+
+
+def rebased(meta: dict, new: dict, base_sha256: str, stamp: str) -> dict:
+  """`meta` of a drafter that extends another, pinned to the base with `base_sha256` and scored
+  `new` over it; the old pin and scores go under `rebased`."""
+  if "base" not in meta:
+    raise ValueError(f"{meta['name']} extends no other drafter: there is no base to pin")
+  old = {"base_sha256": meta["base"]["sha256"], "heldout": meta.get("heldout")}
+  return {
+    **meta,
+    "base": {**meta["base"], "sha256": base_sha256},
+    "heldout": {**new, "step": (meta.get("heldout") or {}).get("step")},
+    "rebased": {"date": stamp, "by": "train/rescore.py --rebase", "from": old},
+  }
 
 
 def rescore(config) -> tuple[str, dict, dict]:
@@ -93,12 +115,20 @@ def main(argv):
   added = sorted(set(new) - set(old))
   log(f"{name}: reproduced {len(set(old) & set(new))} recorded metrics; new: {added}")
   log(f"simulated tau: recorded {old.get('simulated_tau')}, now {new['simulated_tau']:.4f}")
-  if _WRITE.value:
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    heldout = {**old, **new, "step": old.get("step")}
-    rescored = {"date": stamp, "by": "train/rescore.py", "added": added}
-    write_json_atomic(path, {**meta, "heldout": heldout, "heldout_rescored": rescored})
-    log(f"wrote {path}")
+  if not _WRITE.value:
+    return
+  stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+  if _REBASE.value:
+    from specjax.drafters.shipped import read_metadata
+
+    base = read_metadata(meta["base"]["name"], os.path.dirname(path))
+    write_json_atomic(path, rebased(meta, new, base["sha256"], stamp))
+    log(f"wrote {path}: pinned {base['name']} {base['sha256'][:12]}")
+    return
+  heldout = {**old, **new, "step": old.get("step")}
+  rescored = {"date": stamp, "by": "train/rescore.py", "added": added}
+  write_json_atomic(path, {**meta, "heldout": heldout, "heldout_rescored": rescored})
+  log(f"wrote {path}")
 
 
 if __name__ == "__main__":  # flags only when run as a script: tests import the functions
@@ -106,5 +136,8 @@ if __name__ == "__main__":  # flags only when run as a script: tests import the 
     "config", None, "The drafter's training config (configs/train_*.py).", lock_config=False
   )
   _WRITE = flags.DEFINE_bool("write", True, "Write the new metrics into the shipped metadata.")
+  _REBASE = flags.DEFINE_bool(
+    "rebase", False, "Pin the base drafter shipped now (a drafter that extends one; see above)."
+  )
   flags.mark_flags_as_required(["config"])
   app.run(main)
