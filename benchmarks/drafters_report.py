@@ -136,7 +136,7 @@ def heldout_summary(heldout: dict) -> str:
   """The held-out metrics a drafter's metadata records, one table cell: top-1 per depth on its
   own, the chained agreement (depths 1..j all right) where recorded, and the simulated tau."""
   rates = lambda prefix: "/".join(
-    f"{v:.3f}" for k, v in heldout.items() if k.startswith(prefix) and k[len(prefix):].isdigit()
+    f"{v:.3f}" for k, v in heldout.items() if k.startswith(prefix) and k[len(prefix) :].isdigit()
   )
   cell = rates("top1_step") or rates("top1_head") or f"{heldout.get('top1', float('nan')):.3f}"
   if "prefix_step1" in heldout:
