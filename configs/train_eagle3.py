@@ -19,8 +19,12 @@ eighth ran this config on the CPU over that head at batch 4, 320 steps on steps 
 lr of 1e-3 that the batch-4 stages used it fell to 2.527 by step 200 and came back only to 2.678
 (not shipped); at 3e-4 it gained +0.10 (2.679 -> 2.777; openings 1.902 -> 1.966), the default
 now. The ninth, the default on steps 2120-2439, gained only +0.004 (2.777 -> 2.781, 2.746 at step
-200; openings 1.966 -> 1.960): at batch 4 this head has flattened. Together they read ~1.9 epochs
-of v2; the default reads on from step 2440 (batch 4).
+200; openings 1.966 -> 1.960): at batch 4 this head has flattened. The tenth ran on the CPU at
+batch 32 (the H200's batch, 8x the positions per step, ~37 s/step) over the windows the feature
+cache held (batch-32 steps 273-346, the windows of batch-4 steps 2184-2775), 74 steps at lr 3e-4
+with a 5-step warm-up: the chained simulated tau (`prefix_step{j}`; 3.060 at the start) dipped
+to 3.050 at step 25 and ended at 3.084 (openings 2.061 -> 2.086), the default now; at lr 1e-3 it
+had fallen to 2.985 by step 25 (stopped). The default reads on from batch-32 step 347.
 `:scratch` trains a head from random weights on v2 with the first stage's settings.
 
 A run first reads through the target the corpus documents its steps and evaluation use, up to
@@ -55,22 +59,24 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if arg == "scratch":  # the first stage's settings (1,200 steps, ~2.2 epochs of v1)
     config.train.update(dict(steps=1200, lr=2e-3, warmup=50))
     return config
-  # Continue the shipped head on v2: 320 steps of 4 x 512 positions, ~0.15 epoch of v2's training
-  # positions, 2.3-4.9 s/step on 2 cores (~26 min), after the read-through (0.72M positions, 40 min,
-  # with a cache that held the earlier stages' documents).
+  # Continue the shipped head on v2: 74 steps of 32 x 512 positions, ~0.27 epoch of v2's training
+  # positions, ~37 s/step on 2 cores (~46 min), after the read-through of the windows the cache
+  # lacks (~25 min per 1,000 windows).
   config.objective.init_from = "eagle3-smollm2-135m"
   # The loss leans towards each response's opening (first eval_first = 64 tokens, weight 4): the
   # benchmarks decode 64 tokens, and openings are the hardest positions to draft. lr 3e-4: over
   # the head trained at batch 32, 1e-3 at batch 4 lost what it gained (2.679 -> 2.678 in 320 steps).
-  config.train.update(dict(steps=320, lr=3e-4, warmup=50, first_weight=4.0))
+  config.train.update(dict(steps=74, batch_size=32, lr=3e-4, warmup=5, first_weight=4.0))
+  config.train.update(dict(save_every=5, eval_every=25))
   # Score the shipped head first: a run whose steps never beat it ships nothing.
   config.train.score_start = True
-  # Steps 0-2439 of seed 0's data order are what the shipped head's runs read; read on from there.
+  # The shipped head's runs read the windows of batch-4 steps 0-2439 and batch-32 steps 273-346
+  # of seed 0's data order (a step of batch B reads windows step * B .. + B); read on from there.
   # (Raise this by the run's steps for the next continuation: the pipeline logs a note when a
   # continuation repeats its head's steps.) A 200-step run on steps 1200-1399 at lr 1e-3 lost
   # held-out rate (simulated tau 2.389 -> 2.375) where 600 steps on 1200-1799 gained (2.389 ->
   # 2.522): short runs need the decayed end of the schedule.
-  config.train.data_start = 2440
+  config.train.data_start = 347
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.fuse_layers = (0, 1)

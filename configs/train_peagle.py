@@ -1,7 +1,7 @@
 """A P-EAGLE-style parallel EAGLE head for SmolLM2-135M-Instruct: the shipped EAGLE-3 head
 (`eagle3-smollm2-135m`, fused target layers 2, 15 and 27, frozen) extended by a mask layer that
 drafts depths 2..8 in one pass from per-depth mask pairs that also read the head's depth-1 draft
-(`first_token`; `specjax.drafters.peagle`), on the
+(`first_token`) and its depth-1 output (`head_state`; `specjax.drafters.peagle`), on the
 committed self-distilled corpus (`train/corpora/smollm2-sd-v2.npz`, shared feature cache).
 P-EAGLE pins its base's sha256, so it is retrained whenever the EAGLE-3 head changes; the
 retraining starts from the shipped P-EAGLE's mask path (`objective.init_from`), and
@@ -31,9 +31,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # The masks read the depth-1 token too (x_{t+2} in training, the head's greedy draft when
   # drafting): depths past 1 only count once depth 1 was accepted, so they may assume it.
   config.objective.first_token = True
-  # The masks also read the head's depth-1 output through a zero-initialised projection
-  # (`objective.head_state`), what EAGLE's sequential step 2 reads as its feature.
-  config.objective.head_state = False
+  # The masks also read the head's depth-1 output through a projection (`objective.head_state`),
+  # what EAGLE's sequential step 2 reads as its feature; from a drafter without it, the projection
+  # starts at zero.
+  config.objective.head_state = True
   config.train.steps = 250  # ~8.6 s/step on 2 cores once the feature cache holds the windows
   config.train.lr = 1e-3
   config.train.batch_size = 4
@@ -50,7 +51,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # cache held them. The first-token mask path (twenty-ninth session) kept that mask layer, started
   # its embeddings at zero and read steps 2180-2529 (a 400-step schedule stopped at 350; 1.943 ->
   # 2.151, depth 2 0.289 -> 0.481). The thirtieth session read steps 2530-2779 from there (step 200
-  # of 250 kept; chained simulated tau, `prefix_step{j}`, 2.359 -> 2.416). A retraining reads on.
+  # of 250 kept; chained simulated tau, `prefix_step{j}`, 2.359 -> 2.416). The thirty-first added
+  # `head_state` over the tenth EAGLE-3 stage and re-read steps 2180-2329 (the windows the cache
+  # held): 2.416 over the new base (2.4155 at the start), dipping to 2.363 at step 50, 2.450 at
+  # step 150 (kept), still rising. A retraining reads on.
   config.train.data_start = 2780
   config = apply_variant(config, arg)
   if arg == "tiny":
