@@ -452,16 +452,19 @@ def test_peagle_head_state_starts_as_the_mask_path_it_continues(tiny, ship, tmp_
   zero projection, so its depths are that drafter's; once shipped, the projection loads with it,
   and continuing it without head_state is refused."""
   root, params, cfg, store = tiny[:4]
-  ship("peagle")
+  ship("eagle3")
   shipped_dir = tmp_path / "shipped"
   shutil.copytree(root / "shipped", shipped_dir)
-  o = dict(tiny_config("train_peagle", root, init_from="tiny-peagle").objective)
-  plain = pipeline.make_objective(o, cfg)
-  reads = pipeline.make_objective({**o, "head_state": True}, cfg)
-  d2t = np.asarray(load_shipped("tiny-peagle", params, cfg, str(shipped_dir)).params.eagle.d2t)
-  tr0, fr0 = plain.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
-  tr1, fr1 = reads.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
-  assert not np.any(np.asarray(tr1["mask_state"]))
+  o = {**dict(tiny_config("train_peagle", root).objective), "init_from": ""}
+  d2t = np.asarray(load_shipped("tiny-eagle3", params, cfg, str(shipped_dir)).params.d2t)
+  make = lambda **kw: pipeline.make_objective({**o, **kw}, cfg)
+  init = lambda obj: obj.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+  tr, fr = init(make(head_state=False))  # a drafter that does not read it, shipped
+  export_drafter(str(shipped_dir), "tiny-plain", make(head_state=False), tr, fr, "tiny", cfg, {})
+  plain = make(head_state=False, init_from="tiny-plain")
+  reads = make(head_state=True, init_from="tiny-plain")
+  (tr0, fr0), (tr1, fr1) = init(plain), init(reads)
+  assert "mask_state" not in tr0 and not np.any(np.asarray(tr1["mask_state"]))
   d = int(np.argmax(store.doc_lens))
   s, n = store.doc_starts[d], store.doc_lens[d]
   toks = jnp.asarray(store.tokens[s : s + n])[None]
@@ -474,12 +477,11 @@ def test_peagle_head_state_starts_as_the_mask_path_it_continues(tiny, ship, tmp_
     atol=1e-5,
   )
   tr1 = {**tr1, "mask_state": jnp.full_like(tr1["mask_state"], 0.01)}
-  export_drafter(str(shipped_dir), "tiny-peagle-state", reads, tr1, fr1, "tiny", cfg, {})
-  loaded = load_shipped("tiny-peagle-state", params, cfg, str(shipped_dir)).params
+  export_drafter(str(shipped_dir), "tiny-state", reads, tr1, fr1, "tiny", cfg, {})
+  loaded = load_shipped("tiny-state", params, cfg, str(shipped_dir)).params
   np.testing.assert_allclose(loaded.mask_state, 0.01, rtol=1e-3)
-  again = pipeline.make_objective({**o, "init_from": "tiny-peagle-state"}, cfg)
   with pytest.raises(ValueError, match="head_state"):
-    again.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+    init(make(head_state=False, init_from="tiny-state"))
 
 
 def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_path):
