@@ -549,13 +549,13 @@ class PEagleObjective:
       first = ahead(batch.tokens, 2)
     x1 = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
     mask = doc_causal_mask(batch.doc)
-    state = None
+    o1 = state = None
     if p.mask_state is not None:  # depth 1's output, which the masks read: the head alone first
-      state = head_state(p, stream_layer(e.layer, x1[:, None], batch.pos, mask, self.cfg)[:, 0],
-                         self.cfg.norm_eps)  # fmt: skip
+      o1 = stream_layer(e.layer, x1[:, None], batch.pos, mask, self.cfg)[:, 0]
+      state = head_state(p, o1, self.cfg.norm_eps)
     masks = mask_inputs(p, g, self.k, first if self.first_token else None, state)
     x = stack_streams(x1, jnp.moveaxis(masks, 2, 1))  # masks [B, K - 1, T, D]: anchor t's
-    return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer)
+    return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer, first_out=o1)
 
   def loss(self, trainable, frozen, batch: Batch):
     p = self.params(trainable, frozen)

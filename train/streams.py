@@ -25,7 +25,7 @@ from specjax.model import LayerParams
 
 def stream_layer(
   lp: LayerParams, x: jax.Array, pos: jax.Array, ctx_mask: jax.Array, cfg: ModelConfig,
-  mask_lp: LayerParams | None = None,
+  mask_lp: LayerParams | None = None, first_out: jax.Array | None = None,
 ) -> jax.Array:  # fmt: skip
   """One decoder layer over the streams.
 
@@ -37,6 +37,9 @@ def stream_layer(
     cfg: the layer's config.
     mask_lp: weights of the mask streams 1..K-1, if they have their own (P-EAGLE's mask layer:
       their queries, keys, values and MLP; the context keys stay stream 0's); default lp.
+    first_out: [B, T, D] stream 0's outputs when the caller already has them (this layer over
+      stream 0 alone: stream 0 attends to nothing else); only the mask streams then attend and
+      run the MLP.
 
   Returns:
     [B, K, T, D] layer outputs.
@@ -57,18 +60,20 @@ def stream_layer(
   else:
     parts = project(lp, x[:, :1], 0), project(mask_lp, x[:, 1:], 1)
     q, k, v = (jnp.concatenate(a, 1) for a in zip(*parts))
+  if first_out is not None:
+    q = q[:, 1:]
   f32 = jnp.float32
   s_ctx = jnp.einsum("bjtkgd,bskd->bjkgts", q, k[:, 0], preferred_element_type=f32)
   s_loc = jnp.einsum("bjtkgd,bitkd->bjkgti", q, k, preferred_element_type=f32)
-  depth = np.arange(K)
-  local = jnp.asarray((depth[None, :] >= 1) & (depth[None, :] <= depth[:, None]))  # [j, i]
+  depth, rows = np.arange(K), np.arange(K - q.shape[1], K)  # the streams that attend
+  local = jnp.asarray((depth[None, :] >= 1) & (depth[None, :] <= rows[:, None]))  # [j, i]
   s_ctx = jnp.where(ctx_mask[:, None, None, None], s_ctx * Dh**-0.5, -1e30)
   s_loc = jnp.where(local[None, :, None, None, None, :], s_loc * Dh**-0.5, -1e30)
   p = jax.nn.softmax(jnp.concatenate([s_ctx, s_loc], -1), -1)
   attn = jnp.einsum("bjkgts,bskd->bjtkgd", p[..., :T], v[:, 0]) + jnp.einsum(
     "bjkgti,bitkd->bjtkgd", p[..., T:], v
   )
-  attn = attn.reshape(B, K, T, -1)
+  attn = attn.reshape(B, q.shape[1], T, -1)
 
   def finish(w, xs, a):
     n = xs.shape[1]
@@ -76,6 +81,9 @@ def stream_layer(
       B, n, T, D
     )
 
+  if first_out is not None:
+    masks = finish(lp if mask_lp is None else mask_lp, x[:, 1:], attn)
+    return jnp.concatenate([first_out[:, None].astype(masks.dtype), masks], 1)
   if mask_lp is None:
     return finish(lp, x, attn)
   return jnp.concatenate(
