@@ -54,7 +54,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # of 250 kept; chained simulated tau, `prefix_step{j}`, 2.359 -> 2.416). The thirty-first added
   # `head_state` over the tenth EAGLE-3 stage and re-read steps 2180-2329 (the windows the cache
   # held): 2.416 over the new base (2.4155 at the start), dipping to 2.363 at step 50, 2.450 at
-  # step 150 (kept), still rising. A retraining reads on.
+  # step 150 (kept), still rising. The thirty-second continued it from the shipped masks over
+  # steps 2780-2869 at lr 5e-4: flat, then falling (2.450 -> 2.436 at step 75); the shipped masks
+  # stayed. A retraining over a new base reads on from here.
   config.train.data_start = 2780
   config = apply_variant(config, arg)
   if arg == "tiny":
