@@ -460,6 +460,9 @@ class PEagleObjective:
     head_state: the masks also read the frozen head's depth-1 output at the anchor (the state
       EAGLE's sequential step 2 reads as its feature), through a trained [D, D] projection that
       starts at zero (`peagle.mask_inputs`); the block still costs two passes.
+    state_feature: the mask pairs read the frozen head's depth-1 output in place of the anchor's
+      feature (`peagle.mask_inputs`). With `first_token` and no `init_from`, the depth-2 mask
+      starts as exactly EAGLE's sequential step 2 (zero depth embedding, the head's layer).
   """
 
   cfg: ModelConfig
@@ -472,6 +475,7 @@ class PEagleObjective:
   init_from: str = ""
   first_token: bool = False
   head_state: bool = False
+  state_feature: bool = False
   name = "peagle"
 
   def _eagle(self) -> EagleObjective:
@@ -514,6 +518,12 @@ class PEagleObjective:
       raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not peagle")
     if not np.array_equal(t["d2t"], np.asarray(d2t)):
       raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
+    if bool(meta["config"].get("state_feature", False)) != self.state_feature:
+      raise ValueError(
+        f"objective.init_from={name!r} reads another mask feature (state_feature="
+        f"{bool(meta['config'].get('state_feature', False))}); set objective.state_feature to "
+        "match, or objective.init_from= to start from the base's layer"
+      )
     same_inputs = bool(meta["config"].get("first_token", False)) == self.first_token
     start = {
       "mask_layer": layer_params(t, "mask_layer"),
@@ -550,10 +560,11 @@ class PEagleObjective:
     x1 = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
     mask = doc_causal_mask(batch.doc)
     o1 = state = None
-    if p.mask_state is not None:  # depth 1's output, which the masks read: the head alone first
-      o1 = stream_layer(e.layer, x1[:, None], batch.pos, mask, self.cfg)[:, 0]
+    if p.mask_state is not None or self.state_feature:  # the masks read depth 1's output
+      o1 = stream_layer(e.layer, x1[:, None], batch.pos, mask, self.cfg)[:, 0]  # the head alone
       state = head_state(p, o1, self.cfg.norm_eps)
-    masks = mask_inputs(p, g, self.k, first if self.first_token else None, state)
+    g_masks = o1 if self.state_feature else g
+    masks = mask_inputs(p, g_masks, self.k, first if self.first_token else None, state)
     x = stack_streams(x1, jnp.moveaxis(masks, 2, 1))  # masks [B, K - 1, T, D]: anchor t's
     return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer, first_out=o1)
 
@@ -587,7 +598,7 @@ class PEagleObjective:
     return self.params(trainable, frozen)
 
   def drafter(self, k: int) -> PEagleDrafter:
-    return PEagleDrafter(self.cfg, k, self.fuse_layers, self.first_token)
+    return PEagleDrafter(self.cfg, k, self.fuse_layers, self.first_token, self.state_feature)
 
 
 Objective = Any  # one of the objectives above
