@@ -35,9 +35,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # what EAGLE's sequential step 2 reads as its feature; from a drafter without it, the projection
   # starts at zero.
   config.objective.head_state = True
-  # True: the masks read that output in the feature slot instead of the anchor's feature, so the
-  # depth-2 mask starts as EAGLE's sequential step 2 (with `init_from=` and `head_state=False`).
-  config.objective.state_feature = False
+  # Depth 2 is the head's own sequential step 2 in the masks' pass (`objective.head_depth2`), so
+  # it is exactly EAGLE-3's; the mask layer trains depths 3..8, which attend to that step's key.
+  config.objective.head_depth2 = True
   config.train.steps = 250  # ~8.6 s/step on 2 cores once the feature cache holds the windows
   config.train.lr = 1e-3
   config.train.batch_size = 4

@@ -64,15 +64,19 @@ def make_drafter(kind, target, cfg, k, d2t, seed=0, scale=0.3):
     mask = scale * jax.random.normal(keys[4], (max(k - 1, 1), D))
     mask_layers = init_params(keys[5], cfg.replace(n_layers=1), scale=scale).layers
     return PardDrafter(cfg.replace(n_layers=1), k), PardParams(lm, mask_layers, mask)
-  if kind in ("peagle", "peagle_first", "peagle_state"):
-    # peagle_first's masks read its depth-1 draft; peagle_state's that and the head's state
+  if kind in ("peagle", "peagle_first", "peagle_state", "peagle_depth2"):
+    # peagle_first's masks read its depth-1 draft; peagle_state's that and the head's state;
+    # peagle_depth2 drafts depth 2 by the head's own step (and its masks read the state too)
     eagle = make_drafter("eagle3", target, cfg, k, d2t, seed, scale)[1]
     mask = scale * jax.random.normal(keys[4], (max(k - 1, 1), D))
     mask_layer = _layer(keys[5], cfg.replace(n_layers=1), scale)
     first = kind != "peagle"
     state = scale * jax.random.normal(jax.random.fold_in(keys[5], 1), (D, D))
-    state = state if kind == "peagle_state" else None
-    drafter = PEagleDrafter(cfg.replace(n_layers=1), k, hidden_layers=(0, 1), first_token=first)
+    state = state if kind in ("peagle_state", "peagle_depth2") else None
+    drafter = PEagleDrafter(
+      cfg.replace(n_layers=1), k, hidden_layers=(0, 1), first_token=first,
+      head_depth2=kind == "peagle_depth2",
+    )  # fmt: skip
     return drafter, PEagleParams(eagle, mask_layer, mask, state)
   if kind == "medusa":
     w = scale * jax.random.normal(keys[0], (max(k, 2), D, D))
@@ -129,7 +133,8 @@ def ar_reference(target):
   "kind,k",
   [(kind, 3) for kind in KINDS]
   + [("medusa", 1), ("eagle1", 1), ("draft_lm", 4), ("pard", 8), ("peagle", 8), ("peagle", 1)]
-  + [("peagle_first", 3), ("peagle_first", 8), ("peagle_state", 3), ("peagle_state", 8)],
+  + [("peagle_first", 3), ("peagle_first", 8), ("peagle_state", 3), ("peagle_state", 8)]
+  + [("peagle_depth2", 3), ("peagle_depth2", 8)],
 )
 def test_greedy_identical_to_ar(target, ar_reference, kind, k):
   params, cfg = target
@@ -276,7 +281,17 @@ def _sample(tparams, cfg, drafter, dparams, prompt, sampling):
 
 
 @pytest.mark.parametrize(
-  "kind", ["draft_lm", "medusa", "eagle3", "pard", "peagle", "peagle_first", "peagle_state"]
+  "kind",
+  [
+    "draft_lm",
+    "medusa",
+    "eagle3",
+    "pard",
+    "peagle",
+    "peagle_first",
+    "peagle_state",
+    "peagle_depth2",
+  ],
 )
 def test_sampling_matches_target_distribution(kind):
   cfg = tiny_config(vocab=V_SMALL, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1)

@@ -494,37 +494,39 @@ def test_peagle_head_state_starts_as_the_mask_path_it_continues(tiny, ship, tmp_
     init(make(head_state=False, init_from="tiny-state"))
 
 
-def test_peagle_state_feature_starts_with_eagles_sequential_depth_2(tiny, ship, tmp_path):
-  """With objective.state_feature (and first_token, no init_from) the depth-2 mask is exactly
-  the frozen head's sequential step 2 (its training-time-test unroll) before any training, where
-  the anchor-feature masks are not; the flag travels in the metadata to the drafter, and
-  continuing a drafter across it is refused."""
+def test_peagle_head_depth2_is_eagles_sequential_step_2(tiny, ship, tmp_path):
+  """With objective.head_depth2, P-EAGLE's depth 2 is exactly the frozen head's sequential step 2
+  (its training-time-test unroll) however the mask path is trained, where a mask's is not; the
+  flag travels in the metadata to the drafter."""
   root, params, cfg, store = tiny[:4]
   ship("eagle3")
   shipped_dir = tmp_path / "shipped"
   shutil.copytree(root / "shipped", shipped_dir)
-  o = {**dict(tiny_config("train_peagle", root).objective), "init_from": "", "head_state": False}
+  o = {**dict(tiny_config("train_peagle", root).objective), "init_from": "", "first_token": True}
   d2t = np.asarray(load_shipped("tiny-eagle3", params, cfg, str(shipped_dir)).params.d2t)
-  make = lambda **kw: pipeline.make_objective({**o, "first_token": True, **kw}, cfg)
-  init = lambda obj: obj.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
   d = int(np.argmax(store.doc_lens))
   s, n = store.doc_starts[d], store.doc_lens[d]
   toks = jnp.asarray(store.tokens[s : s + n])[None]
   full = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
   batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
                 jnp.arange(n)[None], jnp.ones((1, n), bool))  # fmt: skip
-  obj = make(state_feature=True)
-  tr, fr = init(obj)
+
+  def depth2(obj):
+    tr, fr = obj.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
+    tr = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape), tr)
+    return obj.outputs(obj.params(tr, fr), batch)[:, 1], (tr, fr)
+
+  obj = pipeline.make_objective({**o, "head_depth2": True}, cfg)
+  got, (tr, fr) = depth2(obj)
   seq = objectives.EagleObjective(obj.cfg, 2, obj.fuse_layers, w_reg=0.0, w_cls=1.0)
   step2 = seq.unroll(fr["eagle"], fr, batch)[1]  # [B, T, D]
-  np.testing.assert_allclose(obj.outputs(obj.params(tr, fr), batch)[:, 1], step2, atol=1e-4)
-  anchor = make(state_feature=False)
-  tr_a, fr_a = init(anchor)
-  assert not np.allclose(anchor.outputs(anchor.params(tr_a, fr_a), batch)[:, 1], step2, atol=1e-2)
-  export_drafter(str(shipped_dir), "tiny-statefeat", obj, tr, fr, "tiny", cfg, {})
-  assert load_shipped("tiny-statefeat", params, cfg, str(shipped_dir)).drafter(3).state_feature
-  with pytest.raises(ValueError, match="state_feature"):
-    init(make(state_feature=False, init_from="tiny-statefeat"))
+  np.testing.assert_allclose(got, step2, atol=1e-4)
+  masked = depth2(pipeline.make_objective({**o, "head_depth2": False}, cfg))[0]
+  assert not np.allclose(masked, step2, atol=1e-2)
+  export_drafter(str(shipped_dir), "tiny-depth2", obj, tr, fr, "tiny", cfg, {})
+  assert load_shipped("tiny-depth2", params, cfg, str(shipped_dir)).drafter(3).head_depth2
+  with pytest.raises(ValueError, match="first_token"):
+    pipeline.make_objective({**o, "head_depth2": True, "first_token": False}, cfg)
 
 
 def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_path):
@@ -602,20 +604,20 @@ def test_training_computation_is_what_the_drafters_run(tiny):
 
 
 @pytest.mark.parametrize(
-  "kind,first,state,feature",
+  "kind,first,state,depth2",
   [
     ("pard", False, False, False),
     ("peagle", False, False, False),
     ("peagle", True, False, False),
     ("peagle", True, True, False),
-    ("peagle", True, False, True),
+    ("peagle", True, True, True),
   ],
 )
-def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, first, state, feature):
+def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, first, state, depth2):
   """Every depth of the parallel objectives (`train.streams`) equals the block the drafter reads
   at the same anchor, with weights perturbed away from their initialisation (first: P-EAGLE's
   masks read the head's greedy depth-1 draft, as its evaluation feeds them; state: and the
-  head's depth-1 output; feature: that output in place of the anchor's feature)."""
+  head's depth-1 output; depth2: depth 2 is the head's own step, in the masks' pass)."""
   _, params, cfg, store = tiny[:4]
   d = int(np.argmax(store.doc_lens))
   s, n = store.doc_starts[d], store.doc_lens[d]
@@ -626,7 +628,7 @@ def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, firs
                 jnp.arange(n)[None], ones)  # fmt: skip
   k, a, cap = 3, n - 6, 64
   o = dict(kind=kind, k=k, n_layers=1, init_layers=(1,), fuse_layers=(0, 1), init_layer=1,
-           first_token=first, head_state=state, state_feature=feature)  # fmt: skip
+           first_token=first, head_state=state, head_depth2=depth2)  # fmt: skip
   obj = pipeline.make_objective(o, cfg)
   tr, fr = obj.init(jax.random.PRNGKey(1), params, cfg, np.arange(64))
   tr = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape), tr)

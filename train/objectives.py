@@ -460,9 +460,9 @@ class PEagleObjective:
     head_state: the masks also read the frozen head's depth-1 output at the anchor (the state
       EAGLE's sequential step 2 reads as its feature), through a trained [D, D] projection that
       starts at zero (`peagle.mask_inputs`); the block still costs two passes.
-    state_feature: the mask pairs read the frozen head's depth-1 output in place of the anchor's
-      feature (`peagle.mask_inputs`). With `first_token` and no `init_from`, the depth-2 mask
-      starts as exactly EAGLE's sequential step 2 (zero depth embedding, the head's layer).
+    head_depth2: depth 2 is the frozen head's own step 2 (the pair (x_{t+2}, its depth-1
+      output) through its layer, in the masks' pass), so it is exactly the sequential head's;
+      the mask layer trains depths 3..K, which attend to that step's key (needs first_token).
   """
 
   cfg: ModelConfig
@@ -475,8 +475,17 @@ class PEagleObjective:
   init_from: str = ""
   first_token: bool = False
   head_state: bool = False
-  state_feature: bool = False
+  head_depth2: bool = False
   name = "peagle"
+
+  def __post_init__(self):
+    if self.head_depth2 and not self.first_token:
+      raise ValueError(
+        "objective.head_depth2 feeds the depth-1 draft to the head's own step 2: set "
+        "objective.first_token=True"
+      )
+    if self.head_depth2 and self.k < 3:
+      raise ValueError(f"objective.head_depth2 trains depths 3..k: k={self.k} leaves none")
 
   def _eagle(self) -> EagleObjective:
     return EagleObjective(
@@ -518,12 +527,6 @@ class PEagleObjective:
       raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not peagle")
     if not np.array_equal(t["d2t"], np.asarray(d2t)):
       raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
-    if bool(meta["config"].get("state_feature", False)) != self.state_feature:
-      raise ValueError(
-        f"objective.init_from={name!r} reads another mask feature (state_feature="
-        f"{bool(meta['config'].get('state_feature', False))}); set objective.state_feature to "
-        "match, or objective.init_from= to start from the base's layer"
-      )
     same_inputs = bool(meta["config"].get("first_token", False)) == self.first_token
     start = {
       "mask_layer": layer_params(t, "mask_layer"),
@@ -560,20 +563,26 @@ class PEagleObjective:
     x1 = layer_inputs(e, ahead(batch.tokens, 1), g)  # [B, T, D]
     mask = doc_causal_mask(batch.doc)
     o1 = state = None
-    if p.mask_state is not None or self.state_feature:  # the masks read depth 1's output
+    if p.mask_state is not None or self.head_depth2:  # depth 1's output, which they read
       o1 = stream_layer(e.layer, x1[:, None], batch.pos, mask, self.cfg)[:, 0]  # the head alone
       state = head_state(p, o1, self.cfg.norm_eps)
-    g_masks = o1 if self.state_feature else g
-    masks = mask_inputs(p, g_masks, self.k, first if self.first_token else None, state)
-    x = stack_streams(x1, jnp.moveaxis(masks, 2, 1))  # masks [B, K - 1, T, D]: anchor t's
-    return stream_layer(e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer, first_out=o1)
+    masks = mask_inputs(p, g, self.k, first if self.first_token else None, state)
+    masks = jnp.moveaxis(masks, 2, 1)  # [B, K - 1, T, D]: anchor t's
+    if self.head_depth2:  # stream 1 is the head's step 2: (x_{t+2} or the draft, o1)
+      masks = masks.at[:, 0].set(layer_inputs(e, first, o1))
+    x = stack_streams(x1, masks)
+    return stream_layer(
+      e.layer, x, batch.pos, mask, self.cfg, mask_lp=p.mask_layer, first_out=o1,
+      n_lp=2 if self.head_depth2 else 1,
+    )  # fmt: skip
 
   def loss(self, trainable, frozen, batch: Batch):
     p = self.params(trainable, frozen)
     e, o = p.eagle, self.outputs(p, batch)
     tlogp = target_logp(batch.hidden, frozen["head"])
     total, aux = 0.0, {}
-    for j in range(1, self.k):  # depth 1 is the frozen head's: nothing of it trains
+    # depth 1 is the frozen head's, and with head_depth2 depth 2 too: nothing of them trains
+    for j in range(2 if self.head_depth2 else 1, self.k):
       mask = scored(batch, j + 1, j + 1)
       ce, kl = _kl_terms(head_logits(e, o[:, j], self.cfg.norm_eps), ahead(tlogp, j + 1), mask)
       total = total + self.decay ** (j - 1) * ce
@@ -598,7 +607,7 @@ class PEagleObjective:
     return self.params(trainable, frozen)
 
   def drafter(self, k: int) -> PEagleDrafter:
-    return PEagleDrafter(self.cfg, k, self.fuse_layers, self.first_token, self.state_feature)
+    return PEagleDrafter(self.cfg, k, self.fuse_layers, self.first_token, self.head_depth2)
 
 
 Objective = Any  # one of the objectives above

@@ -151,7 +151,7 @@ def peagle_objective(o: dict, tcfg: ModelConfig):
     init_from=o.get("init_from", ""),
     first_token=o.get("first_token", False),
     head_state=o.get("head_state", False),
-    state_feature=o.get("state_feature", False),
+    head_depth2=o.get("head_depth2", False),
   )
 
 

@@ -25,7 +25,7 @@ from specjax.model import LayerParams
 
 def stream_layer(
   lp: LayerParams, x: jax.Array, pos: jax.Array, ctx_mask: jax.Array, cfg: ModelConfig,
-  mask_lp: LayerParams | None = None, first_out: jax.Array | None = None,
+  mask_lp: LayerParams | None = None, first_out: jax.Array | None = None, n_lp: int = 1,
 ) -> jax.Array:  # fmt: skip
   """One decoder layer over the streams.
 
@@ -40,6 +40,8 @@ def stream_layer(
     first_out: [B, T, D] stream 0's outputs when the caller already has them (this layer over
       stream 0 alone: stream 0 attends to nothing else); only the mask streams then attend and
       run the MLP.
+    n_lp: with mask_lp, streams 0..n_lp - 1 go through lp and the rest through mask_lp (P-EAGLE's
+      `head_depth2`: stream 1 is the head's own step 2).
 
   Returns:
     [B, K, T, D] layer outputs.
@@ -55,11 +57,10 @@ def stream_layer(
     q, k, v = project_qkv(w, xs.reshape(B * n, T, D), positions, cfg)
     return q.reshape(B, n, T, Hkv, G, Dh), k.reshape(B, n, T, Hkv, Dh), v.reshape(B, n, T, Hkv, Dh)
 
-  if mask_lp is None:
-    q, k, v = project(lp, x, 0)
-  else:
-    parts = project(lp, x[:, :1], 0), project(mask_lp, x[:, 1:], 1)
-    q, k, v = (jnp.concatenate(a, 1) for a in zip(*parts))
+  n = K if mask_lp is None else n_lp  # streams 0..n - 1 through lp, n.. through mask_lp
+  weights = [(w, a, b) for w, a, b in ((lp, 0, n), (mask_lp, n, K)) if b > a]
+  parts = [project(w, x[:, a:b], a) for w, a, b in weights]
+  q, k, v = (jnp.concatenate(a, 1) for a in zip(*parts))
   if first_out is not None:
     q = q[:, 1:]
   f32 = jnp.float32
@@ -81,14 +82,15 @@ def stream_layer(
       B, n, T, D
     )
 
+  skip = K - q.shape[1]  # 1 when stream 0's outputs were given: it did not attend
+  outs = []
+  for w, a, b in weights:
+    a = max(a, skip)
+    if b > a:
+      outs.append(finish(w, x[:, a:b], attn[:, a - skip : b - skip]))
   if first_out is not None:
-    masks = finish(lp if mask_lp is None else mask_lp, x[:, 1:], attn)
-    return jnp.concatenate([first_out[:, None].astype(masks.dtype), masks], 1)
-  if mask_lp is None:
-    return finish(lp, x, attn)
-  return jnp.concatenate(
-    [finish(lp, x[:, :1], attn[:, :1]), finish(mask_lp, x[:, 1:], attn[:, 1:])], 1
-  )
+    outs.insert(0, first_out[:, None].astype(outs[0].dtype))
+  return jnp.concatenate(outs, 1)
 
 
 def stack_streams(first: jax.Array, masks: jax.Array) -> jax.Array:

@@ -29,10 +29,11 @@ import jax.numpy as jnp
 from specjax.branching import run_one_of
 from specjax.config import ModelConfig
 from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
-from specjax.drafters.decoder_layer import attend_and_mlp, project_qkv
+from specjax.drafters.decoder_layer import finish_layer, project_qkv
 from specjax.drafters.draft_vocab import draw, scatter_logq
 from specjax.drafters.registry import DrafterKind, layer_params, register
 from specjax.kernels import linear, take_rows
+from specjax.kernels.cache_attention import grouped_query_attention
 from specjax.kv_cache import KVCache, init_cache, read_rows, write_rows
 from specjax.model import LayerParams, attention_mask, rms_norm
 from specjax.sampling import SamplingConfig
@@ -94,19 +95,26 @@ def layer_inputs(params: EagleParams, tokens: jax.Array, g: jax.Array) -> jax.Ar
 
 
 def cached_layer(
-  params: EagleParams, x, cache: KVCache, cfg: ModelConfig, positions=None, new_mask=None
-):
+  params: EagleParams, x, cache: KVCache, cfg: ModelConfig, positions=None, new_mask=None,
+  split: tuple[int, LayerParams] | None = None,
+):  # fmt: skip
   """The layer on T new inputs per row at slots cache.lengths + [0, T); returns (o, cache with
   lengths advanced by T). positions: [B, T] RoPE positions (default the slots); new_mask:
-  [B, T, T] attention among the new inputs (default causal; a tree's ancestor mask)."""
-  T = x.shape[1]
+  [B, T, T] attention among the new inputs (default causal; a tree's ancestor mask); split:
+  (n, lp): inputs n.. go through weights lp instead of the head's layer, in the same attention
+  (P-EAGLE's masks in the pass that also holds the head's own step)."""
+  B, T = x.shape[:2]
   if positions is None:
     positions = cache.lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
-  q, k, v = project_qkv(params.layer, x, positions, cfg)
+  n, rest = split if split is not None else (T, params.layer)
+  parts = [(lp, slice(a, b)) for lp, a, b in ((params.layer, 0, n), (rest, n, T)) if b > a]
+  qkv = [project_qkv(lp, x[:, s], positions[:, s], cfg) for lp, s in parts]
+  q, k, v = (jnp.concatenate(a, 1) for a in zip(*qkv))
   k_all = write_rows(cache.k[0], k, cache.lengths)
   v_all = write_rows(cache.v[0], v, cache.lengths)
   mask = attention_mask(cache.lengths, T, cache.capacity, new_mask)
-  o = attend_and_mlp(params.layer, x, q, k_all, v_all, mask, cfg)
+  attn = grouped_query_attention(q, k_all, v_all, mask).reshape(B, T, -1)
+  o = jnp.concatenate([finish_layer(lp, x[:, s], attn[:, s], cfg) for lp, s in parts], 1)
   return o, KVCache(k_all[None], v_all[None], cache.lengths + T)
 
 

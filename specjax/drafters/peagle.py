@@ -21,12 +21,11 @@ j + 1 predicts x_{t+j+2} knowing x_{t+2} instead of guessing past it; the block 
 passes. A fourth is optional too (`mask_state`, present in a head trained with `head_state`):
 every mask also reads the head's depth-1 output at the anchor (normalised as the head's LM head
 reads it, through a trained projection), the state EAGLE's sequential step 2 reads as its
-feature, which the first pass has already computed. A fifth (`state_feature`, set in the
-metadata of a head trained for it) puts that output in the mask pair's feature slot in place of
-the anchor's feature: with `first_token`, a zero depth-2 embedding and the head's own layer, the
-depth-2 mask is then exactly EAGLE's sequential step 2 (the pair (draft 1, depth-1 output) at
-the next position), so training starts from the sequential head's depth 2 rather than
-rebuilding it. A shipped P-EAGLE holds
+feature, which the first pass has already computed. A fifth (`head_depth2`, set in the
+metadata of a head trained for it) drafts depth 2 by the head's own sequential step 2 (the pair
+(draft 1, depth-1 output) through the head's layer) in the second pass, beside the masks of
+depths 3..K, which attend to its key: depth 2 is then exactly the sequential head's, and the
+mask layer only has the deeper depths to learn. A shipped P-EAGLE holds
 only the mask layer, embeddings and projection; its metadata names the EAGLE-3 drafter it extends
 (`base`, checked by sha256).
 
@@ -97,8 +96,7 @@ def mask_inputs(params: PEagleParams, g: jax.Array, k: int, first=None, state=No
 
   Args:
     params: the drafter's weights.
-    g: [..., D] the feature the masks read: the anchor's, or the head's depth-1 output
-      (`state_feature`).
+    g: [..., D] the anchor's feature.
     k: block size K.
     first: [...] the depth-1 token (target ids) of a first-token-conditioned head, or None.
     state: [..., D] the head's depth-1 state at the anchor (`head_state`), read where
@@ -141,15 +139,16 @@ class PEagleDrafter(BlockProposals, DrafterDefaults):
     hidden_layers: target layers the head fuses (EAGLE-3); () for an EAGLE-1 feature.
     first_token: the masks also read the embedding of the head's greedy depth-1 draft
       (`mask_inputs`), as the head was trained (`PEagleObjective.first_token`).
-    state_feature: the masks' feature is the head's depth-1 output at the anchor instead of the
-      anchor's feature (`PEagleObjective.state_feature`).
+    head_depth2: depth 2 is the head's own sequential step 2 (the pair (draft 1, depth-1
+      output) through the head's layer) in the second pass, the masks of depths 3..K beside it
+      (`PEagleObjective.head_depth2`; needs first_token).
   """
 
   cfg: ModelConfig
   k: int = 8
   hidden_layers: tuple[int, ...] = ()
   first_token: bool = False
-  state_feature: bool = False
+  head_depth2: bool = False
 
   @property
   def eagle(self) -> EagleDrafter:
@@ -171,11 +170,14 @@ class PEagleDrafter(BlockProposals, DrafterDefaults):
     cache = cache.with_lengths(c + m)
     if self.k > 1:  # the masks at slots c + m .. (positions seq_len - 1 ..), over that context
       first = first_tokens(params, logits[:, 0]) if self.first_token else None
-      g = o[rows, last] if self.state_feature else state.pending[rows, last]
+      g = state.pending[rows, last]
       state1 = head_state(params, o[rows, last], self.cfg.norm_eps)
       masks = mask_inputs(params, g, self.k, first, state1)  # [B, K - 1, D]
-      mask_head = dataclasses.replace(e, layer=params.mask_layer)
-      om, _ = cached_layer(mask_head, masks, cache, self.cfg)
+      n = 0  # inputs through the head's layer
+      if self.head_depth2:  # EAGLE's step 2 in place of the depth-2 mask
+        step2 = layer_inputs(e, first[:, None], o[rows, last][:, None])
+        masks, n = jnp.concatenate([step2, masks[:, 1:]], 1), 1
+      om, _ = cached_layer(e, masks, cache, self.cfg, split=(n, params.mask_layer))
       logits = jnp.concatenate([logits, head_logits(e, om, self.cfg.norm_eps)], 1)
     return logits, e.d2t, EagleState(cache, state.pending, state.n_pending)
 
@@ -209,7 +211,7 @@ register(
       k,
       fused_layers(shipped),
       shipped.metadata["config"].get("first_token", False),
-      shipped.metadata["config"].get("state_feature", False),
+      shipped.metadata["config"].get("head_depth2", False),
     ),
     tree=block_tree,
     objective="train.pipeline:peagle_objective",
