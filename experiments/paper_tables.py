@@ -8,6 +8,9 @@
   # Leviathan et al.: measured alpha and c, predicted vs measured tau and speedup, several K.
   python experiments/paper_tables.py --table=leviathan --workdir=/tmp/specjax_t_leviathan --small
 
+`--paired_base=NAME` adds every method against method NAME (or ar), prompt by prompt: the
+geometric mean of the tok/s ratios with a bootstrap 95% interval (`paper.paired_table`).
+
 Methods come from the experiment configs (`configs/*.py`), built by `specjax.experiment.methods`
 and run by one `specjax.experiment.runner.Runner`, so every method is timed against the same AR
 run of each prompt in this process (greedy, batch 1). Records go to WORKDIR/records.jsonl as prompts
@@ -62,6 +65,11 @@ _KS = flags.DEFINE_list("ks", ["2", "4", "8"], "Leviathan table: draft lengths K
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Target model.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
 _SPEC_BENCH = flags.DEFINE_string("spec_bench", "", "Spec-Bench question.jsonl (default: shared).")
+_PAIRED = flags.DEFINE_string(
+  "paired_base",
+  "",
+  "Also print every method against this one (a method name or ar), paired by prompt.",
+)
 flags.mark_flags_as_required(["table", "workdir"])
 
 CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
@@ -212,6 +220,13 @@ def main(argv):
           f"{c['target_step_s'] * 1e3:.1f} ms, c = {c['c']:.3f}")  # fmt: skip
     ks = {m.name: m.drafter.k for m in methods}
     body = paper.leviathan_table(paper.leviathan_rows(records, costs, ks))
+  if _PAIRED.value:
+    names = {"ar", *run_settings["methods"]}
+    if _PAIRED.value not in names:
+      sys.exit(f"FATAL: --paired_base={_PAIRED.value!r} is not one of {sorted(names)}")
+    ok = [r for r in records if "methods" in r]  # error records have no timings
+    body += "\n\nPaired by prompt (geometric mean of tok/s ratios, bootstrap 95% interval):\n\n"
+    body += paper.paired_table(ok, _PAIRED.value)
   skipped = skipped_summary(skipped_records(workdir, prompts), len(prompts))
   text = f"# {title}\n\n" + (f"{skipped}\n\n" if skipped else "") + f"{body}\n"
   print("\n" + text)

@@ -433,6 +433,22 @@ def test_paper_tables_from_records():
   assert "| m | 2 | 0.714 | 0.100 |" in paper.leviathan_table(rows)
 
 
+def test_paired_ratio_pairs_prompts():
+  """The paired ratio is the geometric mean of per-prompt tok/s ratios, so a method twice as fast
+  on every prompt is 2.0 with a zero-width interval however slow the prompts are, and the
+  interval spans the per-prompt spread otherwise."""
+  recs = [fake_record("qa", i, ar, ar * 3.0, 1, 1, 0, 1) for i, ar in enumerate((5.0, 10.0, 40.0))]
+  for r, f in zip(recs, (2.0, 2.0, 2.0)):
+    r["methods"]["n"] = {**r["methods"]["m"], "tok_s": r["methods"]["m"]["tok_s"] / f}
+  assert paper.paired_ratio(recs, "m", "n") == pytest.approx((2.0, 2.0, 2.0))
+  assert paper.paired_ratio(recs, "ar", "m") == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+  for r, f in zip(recs, (1.0, 2.0, 4.0)):
+    r["methods"]["n"]["tok_s"] = r["methods"]["m"]["tok_s"] / f
+  ratio, lo, hi = paper.paired_ratio(recs, "m", "n")
+  assert ratio == pytest.approx(2.0) and 1.0 <= lo < 2.0 < hi <= 4.0
+  assert "| n | 1.000 | [1.000, 1.000] |" in paper.paired_table(recs, "n")
+
+
 def test_plots_and_tensorboard_scalars(tmp_path):
   pytest.importorskip("matplotlib")
   pytest.importorskip("tensorboardX")

@@ -4,6 +4,10 @@
                     category, the mean accepted tokens (tau over all prompts) and the overall speedup.
   eagle3_table      EAGLE-3 (Li et al. 2025), Table 1 shape: a column per task with
                     "speedup / tau", and their means over tasks.
+  paired_table      every method against one of them, prompt by prompt: the geometric mean over
+                    prompts of (method tok/s / base tok/s), with a bootstrap 95% interval (the
+                    runner times every method on the same prompt, so prompts pair; machine noise
+                    shared by a prompt's runs cancels).
   leviathan_rows    Leviathan et al. (2023) theory next to measurement: per method and K, the
                     measured alpha (pooled conditional acceptance: accepted draft positions over
                     reached ones, the i.i.d. estimate) and cost ratio c, the predicted tokens per
@@ -56,6 +60,27 @@ def eagle3_table(records: Sequence[dict], tasks: Sequence[tuple[str, str]]) -> s
         tau.append(cell["tau"])
     row.append(f"{np.mean(sp):.2f}x / {np.mean(tau):.2f}")
     lines.append("| " + " | ".join(row) + " |")
+  return "\n".join(lines)
+
+
+def paired_ratio(
+  records: Sequence[dict], method: str, base: str, n_boot: int = 2000, seed: int = 0
+):
+  """(geometric mean over prompts of method tok/s / base tok/s, 2.5th and 97.5th percentiles of
+  that mean over `n_boot` resamplings of the prompts); "ar" names the AR baseline."""
+  tok_s = lambda r, m: r["ar"]["tok_s"] if m == "ar" else r["methods"][m]["tok_s"]
+  logs = np.log([tok_s(r, method) / tok_s(r, base) for r in records])
+  idx = np.random.default_rng(seed).integers(0, len(logs), (n_boot, len(logs)))
+  lo, hi = np.exp(np.percentile(logs[idx].mean(1), [2.5, 97.5]))
+  return float(np.exp(logs.mean())), float(lo), float(hi)
+
+
+def paired_table(records: Sequence[dict], base: str) -> str:
+  """Rows: every method, as `paired_ratio` against `base` (a method name or "ar")."""
+  lines = [f"| method | paired vs {base} | 95% interval |", "|---|---:|---|"]
+  for m in ["ar", *method_names(records)]:
+    r, lo, hi = paired_ratio(records, m, base)
+    lines.append(f"| {m} | {r:.3f} | [{lo:.3f}, {hi:.3f}] |")
   return "\n".join(lines)
 
 
