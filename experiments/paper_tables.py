@@ -185,6 +185,9 @@ def main(argv):
     methods = [build_method(s, target) for s in settings]
   except (ValueError, OSError) as e:
     sys.exit(f"FATAL: {e}")
+  names = ["ar", *(m.name for m in methods)]
+  if _PAIRED.value and _PAIRED.value not in names:
+    sys.exit(f"FATAL: --paired_base={_PAIRED.value!r} is not a method of this run: {names}")
   print(f"loaded {_MODEL.value} and {len(methods)} methods in {time.perf_counter() - t0:.1f} s")
   log = lambda s: print(s, flush=True)
   # Adaptive methods get their cost tables (calibrated once per machine and cached).
@@ -221,9 +224,6 @@ def main(argv):
     ks = {m.name: m.drafter.k for m in methods}
     body = paper.leviathan_table(paper.leviathan_rows(records, costs, ks))
   if _PAIRED.value:
-    names = {"ar", *run_settings["methods"]}
-    if _PAIRED.value not in names:
-      sys.exit(f"FATAL: --paired_base={_PAIRED.value!r} is not one of {sorted(names)}")
     ok = [r for r in records if "methods" in r]  # error records have no timings
     body += "\n\nPaired by prompt (geometric mean of tok/s ratios, bootstrap 95% interval):\n\n"
     body += paper.paired_table(ok, _PAIRED.value)
