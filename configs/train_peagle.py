@@ -1,7 +1,8 @@
 """A P-EAGLE-style parallel EAGLE head for SmolLM2-135M-Instruct: the shipped EAGLE-3 head
-(`eagle3-smollm2-135m`, fused target layers 2, 15 and 27, frozen) extended by a mask layer that
-drafts depths 2..8 in one pass from per-depth mask pairs that also read the head's depth-1 draft
-(`first_token`) and its depth-1 output (`head_state`; `specjax.drafters.peagle`), on the
+(`eagle3-smollm2-135m`, fused target layers 2, 15 and 27, frozen) that drafts depth 2 by its own
+sequential step 2 (`head_depth2`) and depths 3..8 in the same pass through a mask layer, from
+per-depth mask pairs that also read the head's depth-1 draft (`first_token`) and its depth-1
+output (`head_state`; `specjax.drafters.peagle`), on the
 committed self-distilled corpus (`train/corpora/smollm2-sd-v2.npz`, shared feature cache).
 P-EAGLE pins its base's sha256, so it is retrained whenever the EAGLE-3 head changes; the
 retraining starts from the shipped P-EAGLE's mask path (`objective.init_from`), and
@@ -59,7 +60,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # held): 2.416 over the new base (2.4155 at the start), dipping to 2.363 at step 50, 2.450 at
   # step 150 (kept), still rising. The thirty-second continued it from the shipped masks over
   # steps 2780-2869 at lr 5e-4: flat, then falling (2.450 -> 2.436 at step 75); the shipped masks
-  # stayed. A retraining over a new base reads on from here.
+  # stayed. The thirty-third added `head_depth2` to those masks: 2.527 before any step (depth 2
+  # 0.460 -> 0.518, the sequential head's), then 150 steps re-reading 2180-2329 at lr 5e-4 with a
+  # 10-step warm-up. A retraining over a new base reads on from 2780.
   config.train.data_start = 2780
   config = apply_variant(config, arg)
   if arg == "tiny":
