@@ -457,6 +457,17 @@ def test_peagle_warm_starts_from_a_shipped_mask_path_over_a_changed_base(tiny, s
     deeper.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
 
 
+def longest_document(params, cfg, store) -> Batch:
+  """The store's longest document as one packed window, with the target's hidden state and
+  layers 0 and 1 (what the tiny parallel objectives fuse)."""
+  d = int(np.argmax(store.doc_lens))
+  s, n = store.doc_starts[d], store.doc_lens[d]
+  toks = jnp.asarray(store.tokens[s : s + n])[None]
+  full = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
+  return Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
+               jnp.arange(n)[None], jnp.ones((1, n), bool))  # fmt: skip
+
+
 def test_peagle_head_state_starts_as_the_mask_path_it_continues(tiny, ship, tmp_path):
   """objective.head_state over a shipped P-EAGLE that did not read the head's state starts with a
   zero projection, so its depths are that drafter's; once shipped, the projection loads with it,
@@ -475,12 +486,7 @@ def test_peagle_head_state_starts_as_the_mask_path_it_continues(tiny, ship, tmp_
   reads = make(head_state=True, init_from="tiny-plain")
   (tr0, fr0), (tr1, fr1) = init(plain), init(reads)
   assert "mask_state" not in tr0 and not np.any(np.asarray(tr1["mask_state"]))
-  d = int(np.argmax(store.doc_lens))
-  s, n = store.doc_starts[d], store.doc_lens[d]
-  toks = jnp.asarray(store.tokens[s : s + n])[None]
-  full = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
-  batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
-                jnp.arange(n)[None], jnp.ones((1, n), bool))  # fmt: skip
+  batch = longest_document(params, cfg, store)
   np.testing.assert_allclose(
     reads.outputs(reads.params(tr1, fr1), batch),
     plain.outputs(plain.params(tr0, fr0), batch),
@@ -504,12 +510,7 @@ def test_peagle_head_depth2_is_eagles_sequential_step_2(tiny, ship, tmp_path):
   shutil.copytree(root / "shipped", shipped_dir)
   o = {**dict(tiny_config("train_peagle", root).objective), "init_from": "", "first_token": True}
   d2t = np.asarray(load_shipped("tiny-eagle3", params, cfg, str(shipped_dir)).params.d2t)
-  d = int(np.argmax(store.doc_lens))
-  s, n = store.doc_starts[d], store.doc_lens[d]
-  toks = jnp.asarray(store.tokens[s : s + n])[None]
-  full = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
-  batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
-                jnp.arange(n)[None], jnp.ones((1, n), bool))  # fmt: skip
+  batch = longest_document(params, cfg, store)
 
   def depth2(obj):
     tr, fr = obj.init(jax.random.PRNGKey(0), params, cfg, d2t, str(shipped_dir))
@@ -619,13 +620,8 @@ def test_parallel_training_computation_is_what_the_drafters_run(tiny, kind, firs
   masks read the head's greedy depth-1 draft, as its evaluation feeds them; state: and the
   head's depth-1 output; depth2: depth 2 is the head's own step, in the masks' pass)."""
   _, params, cfg, store = tiny[:4]
-  d = int(np.argmax(store.doc_lens))
-  s, n = store.doc_starts[d], store.doc_lens[d]
-  toks = jnp.asarray(store.tokens[s : s + n])[None]
-  full = forward(params, toks, init_cache(cfg, 1, n), cfg, hidden_layers=(0, 1))
-  ones = jnp.ones((1, n), bool)
-  batch = Batch(toks, full.hidden, full.layer_hidden, jnp.zeros((1, n), jnp.int32),
-                jnp.arange(n)[None], ones)  # fmt: skip
+  batch = longest_document(params, cfg, store)
+  toks, n = batch.tokens, batch.tokens.shape[1]
   k, a, cap = 3, n - 6, 64
   o = dict(kind=kind, k=k, n_layers=1, init_layers=(1,), fuse_layers=(0, 1), init_layer=1,
            first_token=first, head_state=state, head_depth2=depth2)  # fmt: skip
