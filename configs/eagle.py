@@ -9,7 +9,9 @@ nodes kept) drafted by the shipped EAGLE-1 head (`specjax.drafters.tree_eagle`) 
 pass; `eagle3_tree` the same over the EAGLE-3 head (as EAGLE-3 itself decodes). On a 2-core CPU a
 16-node tree pass costs ~2.6 AR steps; the 6-node tree (top-2, depth 3: `--config.tree.top_k=2
 --config.tree.depth=3 --config.tree.n_nodes=6`) was the fastest shape measured there
-(`benchmarks/RESULTS.md`, twenty-seventh session).
+(`benchmarks/RESULTS.md`, twenty-seventh session); the 16 nodes allowed depth 6
+(`--config.tree.depth=6`) accept the most per pass over the EAGLE-3 head (tau 2.85 against
+depth 4's 2.77 at 256 tokens, thirty-third session) but run slower (0.93x AR against 0.98x).
 
 Commands (from the repository root):
 
