@@ -78,7 +78,7 @@ class PEagleParams:
     eagle: the (frozen) EAGLE head: window pairs, depth 1, the fusion, W_in, norm and LM head.
     mask_layer: the decoder layer the mask pairs go through.
     mask_embed: [K_max - 1, D] the learned embedding of the mask of each depth 2..K_max (a block
-      of K <= K_max uses the first K - 1).
+      of K <= K_max uses the first K - 1; a `head_depth2` drafter leaves depth 2's row unread).
     mask_state: [D, D] or None: a head trained with `head_state` adds this projection of the
       head's normalised depth-1 output (what EAGLE's sequential step 2 reads as its feature) to
       every mask input (`mask_inputs`).
