@@ -9,7 +9,8 @@ $SPECJAX_SPEC_BENCH, never copied). For each drafter it prints:
 
   c           measured cost ratio: seconds per drafted token (one `propose` of K tokens / K)
               over seconds per target decode step (one token, batch 1), both jitted and timed
-              after compilation at the same cache length (the median of `--reps` calls);
+              after compilation at the same cache length (the median of `--reps` calls); the
+              target's step and verify passes are timed once per run, so rows share them;
   propose     seconds of one whole `propose` (a block of K) over one decode step;
   verify      seconds of one K+1-token target verify pass over one decode step;
   accept@i    per-pass acceptance of draft position i (accepted_at / target passes; vLLM's
@@ -88,37 +89,43 @@ def _median_time(fn, *args, reps: int) -> float:
   return statistics.median(times)
 
 
-def cost_ratios(target, shipped, k: int, reps: int, context: int = 256) -> dict:
-  """Measured c = (propose time / K) / (one-token target step) and the verify-pass ratio."""
+def _context(target, context: int, layers=()):
+  """A random `context`-token prompt prefilled (capacity for 64 more): (prompts, lens, seq, pre)."""
   params, cfg = target.params, target.cfg
-  rng = np.random.RandomState(0)
-  ids = rng.randint(100, 20000, context).tolist()
+  ids = np.random.RandomState(0).randint(100, 20000, context).tolist()
   prompts, lens = pad_prompts([ids], bucket=context)
   capacity = context + 64
-  drafter = shipped.drafter(k)
-  layers = tuple(drafter.hidden_layers)
   pre = jax.jit(lambda p, x, n: prefill(p, cfg, x, n, capacity, layers))(params, prompts, lens)
   seq = jnp.zeros((1, capacity), jnp.int32).at[:, :context].set(prompts)
   seq = seq.at[0, context].set(jnp.argmax(pre.logits[0]))
-  seq_len = lens + 1
-  state = jax.jit(lambda dp, pre: drafter.init(dp, pre, prompts, lens, capacity))(
+  return prompts, lens, seq, pre
+
+
+def target_times(target, ks, reps: int, context: int = 256) -> dict:
+  """Seconds of one target decode step (one token) and of a K+1-token verify pass per K, at one
+  cache length: timed once per run, so every drafter's ratios share the same denominators."""
+  params, cfg = target.params, target.cfg
+  _, _, seq, pre = _context(target, context)
+  step = jax.jit(lambda p, t, c: forward(p, t, c, cfg).logits)
+  t = lambda n: _median_time(step, params, seq[:, context : context + n], pre.cache, reps=reps)
+  return {"step": t(1), "verify": {k: t(k + 1) for k in sorted(set(ks))}}
+
+
+def cost_ratios(target, shipped, k: int, reps: int, times: dict, context: int = 256) -> dict:
+  """Measured c = (propose time / K) / (one-token target step) and the verify-pass ratio, over the
+  run's shared target times (`target_times`)."""
+  drafter = shipped.drafter(k)
+  prompts, lens, seq, pre = _context(target, context, tuple(drafter.hidden_layers))
+  state = jax.jit(lambda dp, pre: drafter.init(dp, pre, prompts, lens, context + 64))(
     shipped.params, pre
   )
   greedy = SamplingConfig()
   propose = jax.jit(lambda dp, st, s, n, key: drafter.propose(dp, st, s, n, key, greedy).tokens)
   t_draft = _median_time(
-    propose, shipped.params, state, seq, seq_len, jax.random.PRNGKey(0), reps=reps
+    propose, shipped.params, state, seq, lens + 1, jax.random.PRNGKey(0), reps=reps
   )
-  step = jax.jit(lambda p, t, c: forward(p, t, c, cfg).logits)
-  cache = pre.cache
-  t_step = _median_time(step, params, seq[:, context : context + 1], cache, reps=reps)
-  t_verify = _median_time(step, params, seq[:, context : context + k + 1], cache, reps=reps)
-  return {
-    "c": t_draft / k / t_step,
-    "block": t_draft / t_step,
-    "verify": t_verify / t_step,
-    "step_ms": 1e3 * t_step,
-  }
+  t_step = times["step"]
+  return {"c": t_draft / k / t_step, "block": t_draft / t_step, "verify": times["verify"][k] / t_step}
 
 
 def parse_drafters(entries: list[str], default_k: int) -> list[tuple[str, int]]:
@@ -165,22 +172,26 @@ def main(argv):
   suite = "Spec-Bench" if _PROMPTS.value == "spec_bench" else "held-out corpus prompts"
   print(f"# Shipped drafters on {suite} (greedy, batch 1, {_DTYPE.value}, chain: {runs})\n")
   print(f"device: {jax.devices()[0].device_kind}, load average {os.getloadavg()[0]:.1f}\n")
+  times = target_times(target, [kn for _, kn, _ in runs], _REPS.value)
+  step_ms = 1e3 * times["step"]
+  print(f"target decode step: {step_ms:.1f} ms (one timing for every row)\n")
   print(
     "| drafter | kind | K | held-out top-1 per depth; chained (training metric) | c | propose/step "
-    "| verify/step | step ms |"
+    "| verify/step |"
   )
-  print("|---|---|---:|---|---:|---:|---:|---:|")
+  print("|---|---|---:|---|---:|---:|---:|")
   for n, kn, w in runs:
     s = shipped[n, w]
-    cst = cost_ratios(target, s, kn, _REPS.value)
+    cst = cost_ratios(target, s, kn, _REPS.value, times)
     held = heldout_summary(s.metadata["heldout"])
     print(
       f"| {n}{tag[w]} | {s.kind} | {kn} | {held} | {cst['c']:.3f} | {cst['block']:.3f} "
-      f"| {cst['verify']:.2f} | {cst['step_ms']:.1f} |"
+      f"| {cst['verify']:.2f} |"
     )
     os.makedirs(_WORKDIR.value, exist_ok=True)
     with open(os.path.join(_WORKDIR.value, "costs.jsonl"), "a") as f:
-      line = {"drafter": n, "k": kn, "weights": w, **cst, "load": os.getloadavg()[0]}
+      line = {"drafter": n, "k": kn, "weights": w, **cst, "step_ms": step_ms}
+      line["load"] = os.getloadavg()[0]
       f.write(json.dumps({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), **line}) + "\n")
   methods = [
     Method(f"{n}_k{kn}{tag[w]}", shipped[n, w].drafter(kn), shipped[n, w].params)
