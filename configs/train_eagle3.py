@@ -63,6 +63,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # positions, ~37 s/step on 2 cores (~46 min), after the read-through of the windows the cache
   # lacks (~25 min per 1,000 windows).
   config.objective.init_from = "eagle3-smollm2-135m"
+  # > 8192: grow the head's draft vocabulary to this size with the target's own rows (frozen).
+  config.objective.grow_vocab = 0
   # The loss leans towards each response's opening (first eval_first = 64 tokens, weight 4): the
   # benchmarks decode 64 tokens, and openings are the hardest positions to draft. lr 3e-4: over
   # the head trained at batch 32, 1e-3 at batch 4 lost what it gained (2.679 -> 2.678 in 320 steps).

@@ -22,6 +22,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   config.objective.k = 8
   config.objective.n_layers = 2
   config.objective.base = "draft-lm2-smollm2-135m"  # frozen; only the mask path trains
+  config.objective.init_from = ""  # or a shipped PARD over the same base, to continue it
   # The shipped mask path (over the second-corpus draft LM) read the windows of steps 2180-2265,
   # ~14 s/step on 2 cores; a 1,500 s budget stopped the 100-step schedule at step 86 and step 75
   # was kept (held-out simulated tau 1.243 at step 25, 1.247 at 75; depth 2 top-1 0.082 -> 0.106).

@@ -33,6 +33,7 @@ from specjax.drafters import (
   StepResult,
 )
 from specjax.drafters.draft_vocab import scatter_logq, target_to_draft, top_tokens
+from specjax.drafters.eagle import draft_head
 from specjax.drafters.medusa import MedusaState
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
 from specjax.kv_cache import init_cache
@@ -83,11 +84,15 @@ def make_drafter(kind, target, cfg, k, d2t, seed=0, scale=0.3):
     b = scale * jax.random.normal(keys[1], (max(k, 2), D))
     return MedusaDrafter(cfg.vocab_size, k), MedusaParams(w, b, target.embed[d2t], d2t)
   hcfg = cfg.replace(n_layers=1)
-  fused = kind == "eagle3"
+  fused = kind in ("eagle3", "eagle3_grown")
+  head = scale * jax.random.normal(keys[2], (Vd, D)) if fused else target.embed[d2t]
+  if kind == "eagle3_grown":  # a grown vocabulary: the last half scores with the target's rows,
+    d2t = jnp.roll(d2t, 1)  # and d2t is not sorted
+    head = draft_head({"head": head[: Vd // 2]}, d2t, target.embed)
   params = EagleParams(
     w_in=scale * jax.random.normal(keys[0], (D, 2 * D)),
     layer=_layer(keys[1], hcfg, scale),
-    head=(scale * jax.random.normal(keys[2], (Vd, D))) if fused else target.embed[d2t],
+    head=head,
     d2t=d2t,
     embed=target.embed,
     fuse=scale * jax.random.normal(keys[3], (D, 2 * D)) if fused else None,
@@ -134,7 +139,7 @@ def ar_reference(target):
   [(kind, 3) for kind in KINDS]
   + [("medusa", 1), ("eagle1", 1), ("draft_lm", 4), ("pard", 8), ("peagle", 8), ("peagle", 1)]
   + [("peagle_first", 3), ("peagle_first", 8), ("peagle_state", 3), ("peagle_state", 8)]
-  + [("peagle_depth2", 3), ("peagle_depth2", 8)],
+  + [("peagle_depth2", 3), ("peagle_depth2", 8), ("eagle3_grown", 3)],
 )
 def test_greedy_identical_to_ar(target, ar_reference, kind, k):
   params, cfg = target
@@ -291,6 +296,7 @@ def _sample(tparams, cfg, drafter, dparams, prompt, sampling):
     "peagle_first",
     "peagle_state",
     "peagle_depth2",
+    "eagle3_grown",
   ],
 )
 def test_sampling_matches_target_distribution(kind):

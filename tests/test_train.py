@@ -411,6 +411,46 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
     )
 
 
+def test_an_eagle_head_grows_its_draft_vocabulary_with_the_targets_rows(
+  tiny, ship, heldout_ar, tmp_path
+):
+  """objective.grow_vocab appends the corpus's most frequent tokens outside the head's vocabulary;
+  their rows are the target's (frozen, not shipped), the head's own rows train, and the grown head
+  decodes exactly."""
+  root, params, cfg, store = tiny[:4]
+  ship("eagle3")
+  shutil.copytree(root / "shipped", tmp_path / "shipped")
+  old = load_shipped("tiny-eagle3", params, cfg, str(tmp_path / "shipped"))
+  n = len(old.params.d2t)
+  config = tiny_config("train_eagle3", root, steps=2, init_from="tiny-eagle3", grow_vocab=n + 8)
+  config.train.update({"steps": 3, "save_every": 1000})
+  config.ship.update({"name": "tiny-eagle3-grown", "dir": str(tmp_path / "shipped")})
+  meta = pipeline.run(config, str(tmp_path / "w"), lambda _: None)[4]
+  d2t = np.load(tmp_path / "w" / "d2t.npy")
+  np.testing.assert_array_equal(d2t[:n], old.params.d2t)
+  counts = store.token_counts(cfg.vocab_size)
+  added = d2t[n:]
+  assert len(added) == 8 and not np.isin(added, old.params.d2t).any()
+  outside = np.setdiff1d(np.arange(cfg.vocab_size), old.params.d2t)
+  assert counts[added].min() >= np.sort(counts[outside])[-8]  # the most frequent ones outside
+  assert meta["shapes"]["head"][0] == n and meta["shapes"]["d2t"] == [n + 8]
+  grown = load_shipped("tiny-eagle3-grown", params, cfg, str(tmp_path / "shipped"))
+  assert grown.params.head.shape[0] == n + 8
+  np.testing.assert_array_equal(grown.params.head[n:], lm_head_rows(params)[added])
+  assert not np.allclose(grown.params.head[:n], old.params.head)  # the head's own rows trained
+  P, L, gen, ar = heldout_ar
+  out = speculative_generate(params, cfg, grown.drafter(3), grown.params, P, L, gen)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  with pytest.raises(ValueError, match="init_from"):
+    pipeline.make_objective({**dict(config.objective), "init_from": ""}, cfg)
+  with pytest.raises(ValueError, match="larger than the head's"):
+    pipeline.grown_vocabulary(d2t, counts, n + 8)
+
+
+def lm_head_rows(params) -> np.ndarray:
+  return np.asarray(params.embed if params.lm_head is None else params.lm_head)
+
+
 def test_medusa_heads_continue_from_shipped_ones(tiny, ship):
   root, params, cfg = tiny[:3]
   ship("medusa")
@@ -425,6 +465,28 @@ def test_medusa_heads_continue_from_shipped_ones(tiny, ship):
   fewer = pipeline.make_objective({**dict(config.objective), "n_heads": 2}, cfg)
   with pytest.raises(ValueError, match="heads"):
     fewer.init(None, params, cfg, d2t, str(root / "shipped"))
+
+
+def test_pard_continues_from_a_shipped_mask_path(tiny, ship):
+  root, params, cfg = tiny[:3]
+  ship("pard")
+  shipped = load_shipped("tiny-pard", params, cfg, str(root / "shipped"))
+  config = tiny_config("train_pard", root, init_from="tiny-pard")
+  objective = pipeline.make_objective(dict(config.objective), cfg)
+  d2t = np.asarray(shipped.params.lm.d2t)
+  trainable, frozen = objective.init(None, params, cfg, d2t, str(root / "shipped"))
+  start = objective.draft_params(trainable, frozen)
+  np.testing.assert_array_equal(start.mask_embed, shipped.params.mask_embed)
+  for a, b in zip(jax.tree.leaves(start.mask_layers), jax.tree.leaves(shipped.params.mask_layers)):
+    np.testing.assert_array_equal(a, b)
+  fresh = pipeline.make_objective({**dict(config.objective), "init_from": ""}, cfg)
+  fresh_embed = fresh.init(None, params, cfg, d2t, str(root / "shipped"))[0]["mask_embed"]
+  assert not np.allclose(fresh_embed, shipped.params.mask_embed)  # trained, not the start
+  for wrong, match in (({"k": 2}, "mask shapes"), ({"init_from": "tiny-draft_lm"}, "not pard")):
+    with pytest.raises(ValueError, match=match):
+      pipeline.make_objective({**dict(config.objective), **wrong}, cfg).init(
+        None, params, cfg, d2t, str(root / "shipped")
+      )
 
 
 def test_peagle_warm_starts_from_a_shipped_mask_path_over_a_changed_base(tiny, ship, tmp_path):

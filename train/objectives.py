@@ -210,6 +210,9 @@ class EagleObjective:
     init_layer: target layer whose weights initialise the head's layer (-1: random).
     init_from: a shipped EAGLE head whose weights start the training (training continued on other
       data); its draft vocabulary must be the run's (`train.pipeline` takes it from the head).
+    grow_vocab: with `init_from`, the draft vocabulary grows to this size (0: it stays the head's):
+      `train.pipeline` appends the corpus's most frequent tokens outside it, and their LM-head
+      rows are the target's own, frozen (nothing more to ship); the head's rows train as before.
   """
 
   cfg: ModelConfig
@@ -221,6 +224,7 @@ class EagleObjective:
   init_layer: int = -1
   fuse_norm: bool = True
   init_from: str = ""
+  grow_vocab: int = 0
   name = "eagle"
 
   def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
@@ -248,7 +252,8 @@ class EagleObjective:
 
   def _continued(self, target: Params, tcfg: ModelConfig, d2t, shipped_dir: str):
     """The trainable arrays of the shipped head `init_from` (same fused layers and options)."""
-    p = warm_start(self.init_from, "eagle", target, tcfg, d2t, shipped_dir).params
+    shipped = warm_start(self.init_from, "eagle", target, tcfg, d2t, shipped_dir, self.grow_vocab)
+    p = shipped.params
     if (p.fuse is not None) != bool(self.fuse_layers) or (p.fuse_norm is not None) != (
       bool(self.fuse_layers) and self.fuse_norm
     ):
@@ -258,16 +263,19 @@ class EagleObjective:
       )
     trainable = {"w_in": p.w_in, "layer": p.layer}
     if self.fuse_layers:
-      trainable.update(fuse=p.fuse, norm=p.norm, head=p.head)
+      trainable.update(fuse=p.fuse, norm=p.norm, head=p.head[: shipped.metadata["shapes"]["head"][0]])
       if self.fuse_norm:
         trainable["fuse_norm"] = p.fuse_norm
     return jax.tree.map(jnp.asarray, trainable), _frozen(target, d2t)
 
   def params(self, trainable, frozen) -> EagleParams:
+    head = trainable.get("head", frozen["head"])
+    if head.shape[0] < frozen["head"].shape[0]:  # a grown vocabulary: the target's rows follow
+      head = jnp.concatenate([head, frozen["head"][head.shape[0] :]], 0)
     return EagleParams(
       w_in=trainable["w_in"],
       layer=trainable["layer"],
-      head=trainable.get("head", frozen["head"]),
+      head=head,
       d2t=frozen["d2t"],
       embed=frozen["embed"],
       fuse=trainable.get("fuse"),
@@ -327,16 +335,21 @@ class EagleObjective:
     return EagleDrafter(self.cfg, k, hidden_layers=self.fuse_layers)
 
 
-def warm_start(name: str, kind: str, target: Params, tcfg: ModelConfig, d2t, shipped_dir: str):
+def warm_start(
+  name: str, kind: str, target: Params, tcfg: ModelConfig, d2t, shipped_dir: str, grow: int = 0
+):
   """Shipped drafter `name` (from `shipped_dir`, "" for the package's), checked to be of `kind` and
   to use draft vocabulary d2t (a parallel drafter extends a sequential one of the same
-  vocabulary)."""
+  vocabulary), or, with `grow`, a vocabulary that d2t extends to `grow` tokens."""
   from specjax.drafters.shipped import SHIPPED_DIR, load_shipped
 
   shipped = load_shipped(name, target, tcfg, shipped_dir or SHIPPED_DIR)
   if shipped.kind != kind:
     raise ValueError(f"objective.base={name!r} is a {shipped.kind!r} drafter, not {kind!r}")
-  if not np.array_equal(np.asarray(shipped.params.d2t), np.asarray(d2t)):
+  own = np.asarray(shipped.params.d2t)
+  if grow and len(d2t) == grow and np.array_equal(own, np.asarray(d2t)[: len(own)]):
+    return shipped
+  if not np.array_equal(own, np.asarray(d2t)):
     raise ValueError(
       f"objective.base={name!r} has a draft vocabulary of {len(shipped.params.d2t)} tokens "
       f"that differs from this run's ({len(d2t)}); train on the corpus and data.draft_vocab it "
@@ -371,6 +384,8 @@ class PardObjective:
     base: name of the shipped `draft_lm` drafter this one extends (frozen, not shipped again); ""
       starts from `DraftLMObjective`'s initialisation and cannot be shipped.
     decay: depth j + 1's loss weight is decay ** (j - 1).
+    init_from: a shipped PARD drafter over the same base whose mask layers and embeddings start
+      the training (continued on other data); "" starts them from the draft LM's layers.
   """
 
   cfg: ModelConfig
@@ -379,6 +394,7 @@ class PardObjective:
   train_head: bool = False
   base: str = ""
   decay: float = 0.8
+  init_from: str = ""
   name = "pard"
 
   def _lm(self) -> DraftLMObjective:
@@ -392,7 +408,35 @@ class PardObjective:
       if self.train_head:
         lm["lm_head"] = p.lm_head
     frozen = {**frozen, "lm": lm}
-    return {"mask_layers": lm["layers"], "mask_embed": mask_embeddings(frozen, self.k)}, frozen
+    trainable = {"mask_layers": lm["layers"], "mask_embed": mask_embeddings(frozen, self.k)}
+    if self.init_from:
+      trainable = self._mask_path_of(self.init_from, trainable, tcfg, d2t, shipped_dir)
+    return trainable, frozen
+
+  def _mask_path_of(self, name: str, like: dict, tcfg: ModelConfig, d2t, shipped_dir: str):
+    """The mask layers and embeddings of shipped PARD `name`, checked against this run's base,
+    draft vocabulary and `like`'s shapes."""
+    from specjax.drafters.registry import layer_params
+    from specjax.drafters.shipped import SHIPPED_DIR, own_tensors
+
+    meta, t = own_tensors(name, tcfg, shipped_dir or SHIPPED_DIR)
+    if meta["kind"] != self.name:
+      raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not pard")
+    if meta.get("base", {}).get("name") != self.base:
+      raise ValueError(
+        f"objective.init_from={name!r} extends {meta.get('base', {}).get('name')!r}, this run "
+        f"objective.base={self.base!r}; continue it over its own base"
+      )
+    if not np.array_equal(t["d2t"], np.asarray(d2t)):
+      raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
+    start = {"mask_layers": layer_params(t, "mask_layers"), "mask_embed": t["mask_embed"]}
+    got = jax.tree.map(jnp.shape, start)
+    if got != jax.tree.map(jnp.shape, like):
+      raise ValueError(
+        f"objective.init_from={name!r} has mask shapes {got}, this objective "
+        f"{jax.tree.map(jnp.shape, like)} (k={self.k}, n_layers={self.cfg.n_layers})"
+      )
+    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), start)
 
   def logits(self, trainable: dict, frozen: dict, batch: Batch) -> jax.Array:
     """[B, K, T, Vd]: depth j + 1's draft logits at every anchor."""

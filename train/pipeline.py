@@ -136,6 +136,7 @@ def pard_objective(o: dict, tcfg: ModelConfig):
     train_head=o.get("train_head", False),
     base=o.get("base", ""),
     decay=o.get("decay", 0.8),
+    init_from=o.get("init_from", ""),
   )
 
 
@@ -156,6 +157,11 @@ def peagle_objective(o: dict, tcfg: ModelConfig):
 
 
 def eagle_objective(o: dict, tcfg: ModelConfig):
+  if o.get("grow_vocab") and not o.get("init_from"):
+    raise ValueError(
+      "objective.grow_vocab grows a shipped head's draft vocabulary: set objective.init_from to "
+      "that head, or data.draft_vocab for a head trained from scratch"
+    )
   return objectives.EagleObjective(
     tcfg.replace(n_layers=1),
     steps=o["steps"],
@@ -166,6 +172,7 @@ def eagle_objective(o: dict, tcfg: ModelConfig):
     init_layer=o.get("init_layer", -1),
     fuse_norm=o.get("fuse_norm", True),
     init_from=o.get("init_from", ""),
+    grow_vocab=o.get("grow_vocab", 0),
   )
 
 
@@ -498,6 +505,20 @@ def draft_vocabulary(
   return top_tokens(counts, min(size, vocab_size), tuple(always))
 
 
+def grown_vocabulary(d2t: np.ndarray, counts: np.ndarray, size: int) -> np.ndarray:
+  """d2t followed by the most frequent tokens outside it (by `counts`, ties by id, sorted by id),
+  `size` in all; its first len(d2t) entries are unchanged."""
+  if not len(d2t) < size <= len(counts):
+    raise ValueError(
+      f"grow_vocab={size}: a grown draft vocabulary must be larger than the head's ({len(d2t)}) "
+      f"and at most the target's ({len(counts)})"
+    )
+  rest = np.asarray(counts, np.float64).copy()
+  rest[np.asarray(d2t)] = -1.0
+  added = top_tokens(rest, size - len(d2t))
+  return np.concatenate([np.asarray(d2t, np.int32), added]).astype(np.int32)
+
+
 def shipped_vocabulary(name: str, params, tcfg, shipped_dir: str = "") -> np.ndarray:
   """The draft vocabulary (d2t) of shipped drafter `name`."""
   from specjax.drafters.shipped import SHIPPED_DIR, load_shipped
@@ -584,6 +605,8 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
       source = s.objective.get("base") or s.objective.get("init_from")
       if source:  # a drafter that extends or continues a shipped one keeps its vocabulary
         d2t = shipped_vocabulary(source, params, tcfg, s.ship_dir)
+        if s.objective.get("grow_vocab"):
+          d2t = grown_vocabulary(d2t, store.token_counts(tcfg.vocab_size), s.objective["grow_vocab"])
       else:
         stops = tok.stop_ids if tok is not None else ()
         extra = None

@@ -237,11 +237,25 @@ class EagleDrafter(DrafterDefaults):
     return EagleState(cache, g, step.n_committed.astype(jnp.int32))
 
 
+def draft_head(t, d2t, out_matrix) -> jax.Array:
+  """[Vd, D]: the shipped head rows, then the target's own output rows for the draft tokens past
+  them (a vocabulary extended beyond the trained rows: `d2t` may list more tokens than `head` has
+  rows); all of them are the target's rows when nothing is shipped (EAGLE-1)."""
+  if "head" not in t:
+    return out_matrix[d2t]
+  n = t["head"].shape[0]
+  if n > d2t.shape[0]:
+    raise ValueError(f"the head has {n} rows for a draft vocabulary (d2t) of {d2t.shape[0]}")
+  if n == d2t.shape[0]:
+    return t["head"]
+  return jnp.concatenate([t["head"], out_matrix[d2t[n:]].astype(t["head"].dtype)], 0)
+
+
 def params_from_tensors(t, d2t, out_matrix, target_params) -> EagleParams:
   return EagleParams(
     w_in=t["w_in"],
     layer=layer_params(t, "layer"),
-    head=t["head"] if "head" in t else out_matrix[d2t],
+    head=draft_head(t, d2t, out_matrix),
     d2t=d2t,
     embed=target_params.embed,
     fuse=t.get("fuse"),
