@@ -125,7 +125,11 @@ def cost_ratios(target, shipped, k: int, reps: int, times: dict, context: int = 
     propose, shipped.params, state, seq, lens + 1, jax.random.PRNGKey(0), reps=reps
   )
   t_step = times["step"]
-  return {"c": t_draft / k / t_step, "block": t_draft / t_step, "verify": times["verify"][k] / t_step}
+  return {
+    "c": t_draft / k / t_step,
+    "block": t_draft / t_step,
+    "verify": times["verify"][k] / t_step,
+  }
 
 
 def parse_drafters(entries: list[str], default_k: int) -> list[tuple[str, int]]:

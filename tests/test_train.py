@@ -445,6 +445,19 @@ def test_an_eagle_head_grows_its_draft_vocabulary_with_the_targets_rows(
     pipeline.make_objective({**dict(config.objective), "init_from": ""}, cfg)
   with pytest.raises(ValueError, match="larger than the head's"):
     pipeline.grown_vocabulary(d2t, counts, n + 8)
+  # A P-EAGLE trained over the head before it grew continues over the grown one.
+  ship("peagle")
+  shutil.copy(root / "shipped" / "tiny-peagle.json", tmp_path / "shipped")
+  shutil.copy(root / "shipped" / "tiny-peagle.safetensors", tmp_path / "shipped")
+  o = dict(
+    tiny_config("train_peagle", root, base="tiny-eagle3-grown", init_from="tiny-peagle").objective
+  )
+  trainable, frozen = pipeline.make_objective(o, cfg).init(
+    jax.random.PRNGKey(0), params, cfg, d2t, str(tmp_path / "shipped")
+  )
+  masks = load_shipped("tiny-peagle", params, cfg, str(root / "shipped")).params.mask_embed
+  np.testing.assert_array_equal(trainable["mask_embed"], masks)
+  np.testing.assert_array_equal(frozen["d2t"], d2t)
 
 
 def lm_head_rows(params) -> np.ndarray:

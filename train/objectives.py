@@ -263,7 +263,9 @@ class EagleObjective:
       )
     trainable = {"w_in": p.w_in, "layer": p.layer}
     if self.fuse_layers:
-      trainable.update(fuse=p.fuse, norm=p.norm, head=p.head[: shipped.metadata["shapes"]["head"][0]])
+      trainable.update(
+        fuse=p.fuse, norm=p.norm, head=p.head[: shipped.metadata["shapes"]["head"][0]]
+      )
       if self.fuse_norm:
         trainable["fuse_norm"] = p.fuse_norm
     return jax.tree.map(jnp.asarray, trainable), _frozen(target, d2t)
@@ -569,8 +571,12 @@ class PEagleObjective:
     meta, t = own_tensors(name, tcfg, shipped_dir or SHIPPED_DIR)
     if meta["kind"] != self.name:
       raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not peagle")
-    if not np.array_equal(t["d2t"], np.asarray(d2t)):
-      raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
+    own, d2t = np.asarray(t["d2t"]), np.asarray(d2t)
+    if not (len(own) <= len(d2t) and np.array_equal(own, d2t[: len(own)])):
+      raise ValueError(
+        f"objective.init_from={name!r} has a draft vocabulary that this run's does not begin with "
+        "(only a base whose vocabulary grew, `grow_vocab`, may extend it)"
+      )
     same_inputs = bool(meta["config"].get("first_token", False)) == self.first_token
     start = {
       "mask_layer": layer_params(t, "mask_layer"),

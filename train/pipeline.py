@@ -606,7 +606,9 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
       if source:  # a drafter that extends or continues a shipped one keeps its vocabulary
         d2t = shipped_vocabulary(source, params, tcfg, s.ship_dir)
         if s.objective.get("grow_vocab"):
-          d2t = grown_vocabulary(d2t, store.token_counts(tcfg.vocab_size), s.objective["grow_vocab"])
+          d2t = grown_vocabulary(
+            d2t, store.token_counts(tcfg.vocab_size), s.objective["grow_vocab"]
+          )
       else:
         stops = tok.stop_ids if tok is not None else ()
         extra = None
