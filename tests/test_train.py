@@ -405,6 +405,12 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   boxed = {**twice, "training": {**twice["training"], "steps_done": 5}}
   assert "40-44" in pipeline.reread_note(boxed, manifest, dataclasses.replace(s, data_start=42))
   assert pipeline.reread_note(boxed, manifest, dataclasses.replace(s, data_start=45)) is None
+  # At twice the batch size, step s reads the windows of steps 2s and 2s + 1 (windows 160-179 of
+  # steps 40-44 at batch 4 are steps 20-22 at batch 8).
+  double = dataclasses.replace(s, batch_size=2 * s.batch_size, steps=2)
+  note = pipeline.reread_note(boxed, manifest, dataclasses.replace(double, data_start=21))
+  assert note is not None and "0-19, 20-22" in note and "data_start=23" in note
+  assert pipeline.reread_note(boxed, manifest, dataclasses.replace(double, data_start=23)) is None
   with pytest.raises(ValueError, match="fuses differently"):
     pipeline.make_objective({**dict(config.objective), "fuse_norm": False}, cfg).init(
       jax.random.PRNGKey(1), params, cfg, d2t, str(root / "shipped")

@@ -538,28 +538,32 @@ def steps_done(metrics_path: str) -> int:
 
 
 def reread_note(old: dict, manifest: dict, t: TrainSettings) -> str | None:
-  """A note when this run's data order repeats steps that the shipped head it continues (`old`, its
-  metadata) trained on, or the head that one continued (`old["continued_from"]`): same data, seed,
-  batch size and window length, overlapping steps. None when the run reads only windows they have
-  not seen, or when their orders differ from this run's."""
+  """A note when this run's data order repeats windows that the shipped head it continues (`old`,
+  its metadata) trained on, or the head that one continued (`old["continued_from"]`): same data,
+  seed and window length, overlapping windows (step s at batch B reads windows sB..(s+1)B - 1 of
+  one seeded stream, `train.data.step_windows`, so runs at other batch sizes overlap too; ranges
+  are given in this run's steps). None when the run reads only windows they have not seen, or when
+  their orders differ from this run's."""
   seen = []
   for m in (old, old.get("continued_from") or {}):
     data, was = m.get("data") or {}, m.get("training") or {}
     keys = ("target_weights", "corpus", "recipe", "spec")
     if not was or any(data.get(k) != manifest.get(k) for k in keys):
       continue
-    if any(was.get(k) != getattr(t, k) for k in ("seed", "batch_size", "seq_len")):
+    if any(was.get(k) != getattr(t, k) for k in ("seed", "seq_len")):
       continue
-    lo = int(was.get("data_start", 0))
+    lo, b = int(was.get("data_start", 0)), int(was["batch_size"])
     # A time-boxed run stopped at steps_done (records before that field ran all their steps).
-    seen.append((lo, lo + int(was.get("steps_done", was.get("steps", 0)))))
+    hi = lo + int(was.get("steps_done", was.get("steps", 0)))
+    seen.append((lo * b // t.batch_size, -(-hi * b // t.batch_size)))  # in this run's steps
   if not any(t.data_start < hi and lo < t.data_start + t.steps for lo, hi in seen):
     return None
   ranges = ", ".join(f"{lo}-{hi - 1}" for lo, hi in sorted(seen) if hi > lo)
   return (
     f"note: {old.get('name')} (and what it continued) trained on steps {ranges} of this data "
-    f"order; this run reads steps {t.data_start}-{t.data_start + t.steps - 1}, so it repeats "
-    f"windows seen before. Set train.data_start={max(hi for _, hi in seen)} to read new ones."
+    f"order (at this run's batch size); this run reads steps {t.data_start}-"
+    f"{t.data_start + t.steps - 1}, so it repeats windows seen before. Set "
+    f"train.data_start={max(hi for _, hi in seen)} to read new ones."
   )
 
 
