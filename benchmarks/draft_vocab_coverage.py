@@ -62,7 +62,8 @@ def main(_):
   for name in _DRAFTERS.value:
     d2t = own_tensors(name, cfg)[1]["d2t"].astype(np.int64)
     rows = [(name, d2t)]
-    rows += [(f"{name}, grown", grown_vocabulary(d2t, counts, int(n))) for n in _GROW.value]
+    grow = [int(n) for n in _GROW.value if int(n) > len(d2t)]  # sizes it can grow to
+    rows += [(f"{name}, grown", grown_vocabulary(d2t, counts, n)) for n in grow]
     for label, v in rows:
       shares = [outside_share(answers[t], v, cfg.vocab_size) for t in tasks]
       shares.append(outside_share(every, v, cfg.vocab_size))
