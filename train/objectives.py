@@ -360,6 +360,29 @@ def warm_start(
   return shipped
 
 
+def shipped_part(name: str, kind: str, tcfg: ModelConfig, shipped_dir: str) -> tuple[dict, dict]:
+  """(metadata, own tensors) of shipped drafter `name` (without a base it extends), checked to be
+  of `kind`: what a parallel drafter's `init_from` continues."""
+  from specjax.drafters.shipped import SHIPPED_DIR, own_tensors
+
+  meta, t = own_tensors(name, tcfg, shipped_dir or SHIPPED_DIR)
+  if meta["kind"] != kind:
+    raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not {kind}")
+  return meta, t
+
+
+def shaped_like(name: str, start: dict, like: dict, detail: str) -> dict:
+  """`start` (arrays read from shipped drafter `name`) as float32, checked to have `like`'s
+  shapes (this objective's initialisation; `detail` names the settings that fix them)."""
+  got = jax.tree.map(jnp.shape, start)
+  if got != jax.tree.map(jnp.shape, like):
+    raise ValueError(
+      f"objective.init_from={name!r} has mask shapes {got}, this objective "
+      f"{jax.tree.map(jnp.shape, like)} ({detail})"
+    )
+  return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), start)
+
+
 def mask_embeddings(frozen: dict, k: int) -> jax.Array:
   """[K - 1, D] per-depth mask embeddings, each starting at the mean embedding of the draft
   vocabulary."""
@@ -419,11 +442,8 @@ class PardObjective:
     """The mask layers and embeddings of shipped PARD `name`, checked against this run's base,
     draft vocabulary and `like`'s shapes."""
     from specjax.drafters.registry import layer_params
-    from specjax.drafters.shipped import SHIPPED_DIR, own_tensors
 
-    meta, t = own_tensors(name, tcfg, shipped_dir or SHIPPED_DIR)
-    if meta["kind"] != self.name:
-      raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not pard")
+    meta, t = shipped_part(name, self.name, tcfg, shipped_dir)
     if meta.get("base", {}).get("name") != self.base:
       raise ValueError(
         f"objective.init_from={name!r} extends {meta.get('base', {}).get('name')!r}, this run "
@@ -432,13 +452,7 @@ class PardObjective:
     if not np.array_equal(t["d2t"], np.asarray(d2t)):
       raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
     start = {"mask_layers": layer_params(t, "mask_layers"), "mask_embed": t["mask_embed"]}
-    got = jax.tree.map(jnp.shape, start)
-    if got != jax.tree.map(jnp.shape, like):
-      raise ValueError(
-        f"objective.init_from={name!r} has mask shapes {got}, this objective "
-        f"{jax.tree.map(jnp.shape, like)} (k={self.k}, n_layers={self.cfg.n_layers})"
-      )
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), start)
+    return shaped_like(name, start, like, f"k={self.k}, n_layers={self.cfg.n_layers}")
 
   def logits(self, trainable: dict, frozen: dict, batch: Batch) -> jax.Array:
     """[B, K, T, Vd]: depth j + 1's draft logits at every anchor."""
@@ -566,11 +580,8 @@ class PEagleObjective:
     """The mask layer and embeddings of shipped P-EAGLE `name`, checked against `like`'s shapes
     and this run's draft vocabulary."""
     from specjax.drafters.registry import layer_params
-    from specjax.drafters.shipped import SHIPPED_DIR, own_tensors
 
-    meta, t = own_tensors(name, tcfg, shipped_dir or SHIPPED_DIR)
-    if meta["kind"] != self.name:
-      raise ValueError(f"objective.init_from={name!r} is a {meta['kind']!r} drafter, not peagle")
+    meta, t = shipped_part(name, self.name, tcfg, shipped_dir)
     own, d2t = np.asarray(t["d2t"]), np.asarray(d2t)
     if not (len(own) <= len(d2t) and np.array_equal(own, d2t[: len(own)])):
       raise ValueError(
@@ -589,13 +600,7 @@ class PEagleObjective:
       )
     if self.head_state:  # a drafter trained without it starts reading it from zero
       start["mask_state"] = jnp.asarray(t.get("mask_state", like["mask_state"]))
-    got = jax.tree.map(jnp.shape, start)
-    if got != jax.tree.map(jnp.shape, like):
-      raise ValueError(
-        f"objective.init_from={name!r} has mask shapes {got}, this objective "
-        f"{jax.tree.map(jnp.shape, like)} (k={self.k})"
-      )
-    return jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), start)
+    return shaped_like(name, start, like, f"k={self.k}")
 
   def params(self, trainable, frozen) -> PEagleParams:
     eagle = self._eagle().params(frozen["eagle"], frozen)
