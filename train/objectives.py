@@ -446,8 +446,8 @@ class PardObjective:
     meta, t = shipped_part(name, self.name, tcfg, shipped_dir)
     if meta.get("base", {}).get("name") != self.base:
       raise ValueError(
-        f"objective.init_from={name!r} extends {meta.get('base', {}).get('name')!r}, this run "
-        f"objective.base={self.base!r}; continue it over its own base"
+        f"objective.init_from={name!r} extends {meta.get('base', {}).get('name')!r}, but this "
+        f"run's objective.base is {self.base!r}; continue it over its own base"
       )
     if not np.array_equal(t["d2t"], np.asarray(d2t)):
       raise ValueError(f"objective.init_from={name!r} has another draft vocabulary than this run")
