@@ -25,6 +25,10 @@ cache held (batch-32 steps 273-346, the windows of batch-4 steps 2184-2775), 74 
 with a 5-step warm-up: the chained simulated tau (`prefix_step{j}`; 3.060 at the start) dipped
 to 3.050 at step 25 and ended at 3.084 (openings 2.061 -> 2.086), the default now; at lr 1e-3 it
 had fallen to 2.985 by step 25 (stopped). The default reads on from batch-32 step 347.
+`--config.objective.grow_vocab=16384` (the draft vocabulary grown with the target's own rows,
+frozen) trained 100 steps at batch 16 over re-read windows: held-out 3.084 -> 3.152, but on
+Spec-Bench tau 2.26 -> 2.27 and 4-5% slower, so it was not shipped (RESULTS.md, thirty-fourth
+session).
 `:scratch` trains a head from random weights on v2 with the first stage's settings.
 
 A run first reads through the target the corpus documents its steps and evaluation use, up to
