@@ -20,10 +20,12 @@ Killing the run at any moment and rerunning the same command resumes from the la
 
 import ml_collections
 
-from train.settings import apply_variant, base_config, use_corpus
+from train.settings import SMOLLM2_CORPUS_LAYERS, apply_variant, base_config, use_corpus
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  if arg == "fused":
+    return fused(get_config())
   config = use_corpus(base_config())
   config.objective.kind = "medusa"
   config.objective.n_heads = 4
@@ -43,3 +45,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     config.train.data_start = 1800  # the shipped heads read steps 0-449 and 1200-1799 of v2's order
     config.train.score_start = True  # a run whose steps never beat the shipped heads ships nothing
   return apply_variant(config, arg)
+
+
+def fused(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """`:fused`: the shipped heads continued with EAGLE-3's fused target layers added to their input
+  (`objective.fuse_layers`; the fusion starts at zero, so step 0 is the shipped heads), shipped as
+  `medusa4f-smollm2-135m`. It reads steps 2180-2579 of the data order, windows the shipped heads
+  have not read and the EAGLE-3 runs' feature cache holds."""
+  config.objective.fuse_layers = SMOLLM2_CORPUS_LAYERS
+  config.train.data_start = 2180
+  config.train.steps = 400
+  config.ship.name = "medusa4f-smollm2-135m"
+  return config

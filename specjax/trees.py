@@ -290,6 +290,9 @@ def describe(tree: StaticTree) -> dict[str, Any]:
   }
 
 
+TREE_RANKS = 8  # candidates per depth a fitted static tree may use
+
+
 def default_static_tree(
   n_nodes: int, depth: int, depth_top1=None, greedy_first: bool = False
 ) -> StaticTree:
@@ -307,7 +310,21 @@ def default_static_tree(
     raise ValueError(
       f"depth_top1 has {top1.size} entries for a tree of depth {depth}; give one per depth"
     )
-  return tree_from_rank_probs(np.outer(top1, 0.5 ** np.arange(8)), n_nodes, greedy_first)
+  return tree_from_rank_probs(np.outer(top1, 0.5 ** np.arange(TREE_RANKS)), n_nodes, greedy_first)
+
+
+def heldout_rank_rates(metadata: dict, depth: int) -> np.ndarray | None:
+  """[depth, TREE_RANKS] held-out share of positions whose target token is head d's rank-r
+  candidate (`top1_head{d}` for rank 0, `rank{r}_head{d}` for the others, as Medusa heads'
+  evaluation records them: `train.losses.rank_agreement`), or None when any is missing."""
+  held = metadata.get("heldout") or {}
+  keys = [
+    [f"top1_head{d}" if r == 0 else f"rank{r}_head{d}" for r in range(TREE_RANKS)]
+    for d in range(depth)
+  ]
+  if not all(isinstance(held.get(k), (int, float)) for row in keys for k in row):
+    return None
+  return np.asarray([[float(held[k]) for k in row] for row in keys])
 
 
 def heldout_depth_top1(metadata: dict, depth: int) -> list[float] | None:

@@ -79,10 +79,15 @@ def make_drafter(kind, target, cfg, k, d2t, seed=0, scale=0.3):
       head_depth2=kind == "peagle_depth2",
     )  # fmt: skip
     return drafter, PEagleParams(eagle, mask_layer, mask, state)
-  if kind == "medusa":
+  if kind in ("medusa", "medusa_fused"):  # medusa_fused: heads that also read layers 0 and 1
     w = scale * jax.random.normal(keys[0], (max(k, 2), D, D))
     b = scale * jax.random.normal(keys[1], (max(k, 2), D))
-    return MedusaDrafter(cfg.vocab_size, k), MedusaParams(w, b, target.embed[d2t], d2t)
+    params = MedusaParams(w, b, target.embed[d2t], d2t)
+    if kind == "medusa":
+      return MedusaDrafter(cfg.vocab_size, k), params
+    fuse = scale * jax.random.normal(keys[3], (D, 2 * D))
+    params = dataclasses.replace(params, fuse=fuse, fuse_norm=jnp.ones((2, D)))
+    return MedusaDrafter(cfg.vocab_size, k, hidden_layers=(0, 1)), params
   hcfg = cfg.replace(n_layers=1)
   fused = kind in ("eagle3", "eagle3_grown")
   head = scale * jax.random.normal(keys[2], (Vd, D)) if fused else target.embed[d2t]
@@ -139,7 +144,7 @@ def ar_reference(target):
   [(kind, 3) for kind in KINDS]
   + [("medusa", 1), ("eagle1", 1), ("draft_lm", 4), ("pard", 8), ("peagle", 8), ("peagle", 1)]
   + [("peagle_first", 3), ("peagle_first", 8), ("peagle_state", 3), ("peagle_state", 8)]
-  + [("peagle_depth2", 3), ("peagle_depth2", 8), ("eagle3_grown", 3)],
+  + [("peagle_depth2", 3), ("peagle_depth2", 8), ("eagle3_grown", 3), ("medusa_fused", 3)],
 )
 def test_greedy_identical_to_ar(target, ar_reference, kind, k):
   params, cfg = target
@@ -176,7 +181,7 @@ class _Protocol:
     return jnp.zeros((1, self.width), jnp.int32).at[:, : tokens.shape[1]].set(tokens)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS + ["medusa_fused"])
 def test_incremental_state_matches_fresh_init(target, kind):
   """Drive the protocol by hand (greedy verify against a full forward) and compare each proposal
   with that of a drafter initialised from scratch on the committed sequence."""
@@ -297,6 +302,7 @@ def _sample(tparams, cfg, drafter, dparams, prompt, sampling):
     "peagle_state",
     "peagle_depth2",
     "eagle3_grown",
+    "medusa_fused",
   ],
 )
 def test_sampling_matches_target_distribution(kind):

@@ -22,6 +22,7 @@ import pytest
 from toy_models import tiny_model
 
 from specjax.drafters.eagle import head_logits
+from specjax.drafters.medusa import medusa_logits
 from specjax.drafters.peagle import first_tokens
 from specjax.drafters.shipped import ShippedDrafterError, load_shipped
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
@@ -36,6 +37,7 @@ from train import (
   corpus,
   decontam,
   features,
+  loop,
   objectives,
   pipeline,
   prompts,
@@ -47,7 +49,7 @@ from train.data import Batch, Windows, step_windows
 from train.export import export_drafter
 from train.features import FeatureStore
 from train.loop import evaluate, make_optimizer, positions_read, read_metrics, simulated_tau
-from train.losses import depth_agreement
+from train.losses import depth_agreement, rank_agreement
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -486,6 +488,47 @@ def test_medusa_heads_continue_from_shipped_ones(tiny, ship):
     fewer.init(None, params, cfg, d2t, str(root / "shipped"))
 
 
+def test_medusa_heads_grow_a_fusion_of_target_layers(tiny, ship, heldout_ar, tmp_path):
+  """objective.fuse_layers on heads continued from plain ones: the fusion starts at zero (the
+  shipped heads' logits), trains, ships, and the loaded heads read those layers in decoding."""
+  root, params, cfg = tiny[:3]
+  ship("medusa")
+  shutil.copytree(root / "shipped", tmp_path / "shipped")
+  plain = load_shipped("tiny-medusa", params, cfg, str(tmp_path / "shipped"))
+  config = tiny_config("train_medusa", root, init_from="tiny-medusa", fuse_layers=(0, 1))
+  config.train.update({"steps": 3, "save_every": 1000})
+  config.ship.update({"name": "tiny-medusa-fused", "dir": str(tmp_path / "shipped")})
+  objective = pipeline.make_objective(dict(config.objective), cfg)
+  d2t = np.asarray(plain.params.d2t)
+  trainable, frozen = objective.init(None, params, cfg, d2t, str(tmp_path / "shipped"))
+  D = cfg.d_model
+  assert not np.asarray(trainable["fuse"]).any() and trainable["fuse"].shape == (D, 2 * D)
+  h = jax.random.normal(jax.random.PRNGKey(0), (3, D))
+  layers = 100.0 * jax.random.normal(jax.random.PRNGKey(1), (2, 3, D))
+  np.testing.assert_allclose(
+    np.asarray(medusa_logits(objective.draft_params(trainable, frozen), h, layers)),
+    np.asarray(medusa_logits(plain.params, h)),
+    rtol=1e-5,
+    atol=1e-4,
+  )
+  meta = pipeline.run(config, str(tmp_path / "w"), lambda _: None)[4]
+  assert meta["config"]["fuse_layers"] == [0, 1] and meta["shapes"]["fuse"] == [D, 2 * D]
+  fused = load_shipped("tiny-medusa-fused", params, cfg, str(tmp_path / "shipped"))
+  assert np.asarray(fused.params.fuse).any()  # the fusion trained
+  drafter = fused.drafter(3)
+  assert drafter.hidden_layers == (0, 1)
+  with pytest.raises(ValueError, match="fuse target layers"):
+    medusa_logits(fused.params, h)
+  P, L, gen, ar = heldout_ar
+  out = speculative_generate(params, cfg, drafter, fused.params, P, L, gen)
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens))
+  assert summarize(out.metrics)["drafted"] > 0
+  with pytest.raises(ValueError, match="fuse_layers"):  # fused heads cannot continue as plain ones
+    pipeline.make_objective(
+      {**dict(config.objective), "init_from": "tiny-medusa-fused", "fuse_layers": ()}, cfg
+    ).init(None, params, cfg, d2t, str(tmp_path / "shipped"))
+
+
 def test_pard_continues_from_a_shipped_mask_path(tiny, ship):
   root, params, cfg = tiny[:3]
   ship("pard")
@@ -856,6 +899,23 @@ def test_depth_agreement_counts_chains_that_stay_right():
   }
   medusa = depth_agreement(depths, d2t, key="top1_head{}", first=0)
   assert {"top1_head0", "top1_head1", "prefix_step1", "prefix_step2"} == set(medusa)
+
+
+def test_rank_agreement_counts_where_the_target_token_ranks():
+  d2t = jnp.asarray([5, 6, 7, 8])  # draft token i is target token 5 + i
+  logits = jnp.asarray([[[4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]]])
+  labels = jnp.asarray([[6, 7, 5]])  # ranks 1, 1 and 0
+  depths = [(logits, labels, jnp.asarray([[True, True, True]]))] * 2
+  depths[1] = (logits, labels, jnp.asarray([[True, False, True]]))
+  out = {k: (float(h), float(c)) for k, (h, c) in rank_agreement(depths, d2t, 3).items()}
+  assert out == {
+    "rank1_head0": (2.0, 3.0),
+    "rank2_head0": (0.0, 3.0),
+    "rank1_head1": (1.0, 2.0),  # anchor 1 is not scored at depth 2
+    "rank2_head1": (0.0, 2.0),
+  }
+  assert "rank1_head0" not in loop.shown({"top1_head0": 0.3, "rank1_head0": 0.1})
+  assert "first_rank1_head0" not in loop.shown({"first_rank1_head0": 0.1})
 
 
 @pytest.mark.parametrize("kind", ["medusa", "peagle"])  # peagle: the vocabulary is its base's

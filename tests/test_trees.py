@@ -19,7 +19,6 @@ from specjax.drafters.pard import PardDrafter, PardParams
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
 from specjax.drafters.tree_heads import (
   BlockTreeDrafter,
-  HeadState,
   HeadTreeDrafter,
   MedusaHeadParams,
   fitted_tree,
@@ -38,6 +37,7 @@ from specjax.tree_acceptance import (
 )
 from specjax.tree_speculative import _tree_speculative, compact_path, tree_speculative_generate
 from specjax.trees import (
+  TREE_RANKS,
   StaticTree,
   TokenTree,
   ancestor_mask,
@@ -45,6 +45,7 @@ from specjax.trees import (
   conditional_rates,
   default_static_tree,
   heldout_depth_top1,
+  heldout_rank_rates,
   static_token_tree,
   tree_from_rank_probs,
 )
@@ -121,6 +122,23 @@ def test_static_trees_fitted_to_heldout_accuracy():
   chained = {"heldout": {**block["heldout"], "prefix_step1": 0.7, "prefix_step2": 0.28}}
   assert heldout_depth_top1(chained, 2) == pytest.approx([0.7, 0.4])
   assert conditional_rates([0.5, 0.6, 0.0, 0.0]) == [0.5, 1.0, 0.0, 0.0]  # clipped; 0 stays 0
+
+
+def test_a_tree_fits_recorded_rank_rates():
+  """Medusa heads' metadata with per-rank rates: the tree follows them, not the 0.5**r prior."""
+  top1 = {"top1_head0": 0.3, "top1_head1": 0.2}
+  ranks = {f"rank{r}_head{d}": 0.25 if (d, r) == (0, 1) else 0.01 for d in (0, 1) for r in (1, 7)}
+  ranks.update({f"rank{r}_head{d}": 0.01 for d in (0, 1) for r in range(2, 7)})
+  meta = {"heldout": {**top1, **ranks}}
+  rates = heldout_rank_rates(meta, 2)
+  assert rates.shape == (2, TREE_RANKS) and rates[0, 1] == 0.25 and rates[1, 0] == 0.2
+  assert heldout_rank_rates(meta, 3) is None and heldout_rank_rates({"heldout": top1}, 2) is None
+  heads = types.SimpleNamespace(metadata={"config": {}, **meta})
+  t = types.SimpleNamespace(n_nodes=5, depth=2)
+  # reach: (0,) .3, (1,) .25, (0, 0) .06, (1, 0) .05; the prior would take (2,) at .075
+  assert set(fitted_tree(heads, t).paths) == {(0,), (1,), (0, 0), (1, 0)}
+  prior = fitted_tree(types.SimpleNamespace(metadata={"config": {}, "heldout": top1}), t)
+  assert set(prior.paths) == {(0,), (1,), (2,), (0, 0)}
 
 
 def test_dynamic_helpers_match_static_buffers():
@@ -348,6 +366,21 @@ def _random_medusa(cfg, n_heads=3, n_blocks=2, seed=5):
   )
 
 
+def _fused_medusa(cfg, n_heads=4, seed=6):
+  """Shared-head Medusa weights over the full vocabulary whose heads also read layers 0 and 1."""
+  medusa = pytest.importorskip("specjax.drafters.medusa")
+  k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(seed), 4)
+  D, V = cfg.d_model, cfg.vocab_size
+  return medusa.MedusaParams(
+    0.3 * jax.random.normal(k1, (n_heads, D, D)),
+    0.1 * jax.random.normal(k2, (n_heads, D)),
+    0.5 * jax.random.normal(k3, (V, D)),
+    jnp.arange(V, dtype=jnp.int32),
+    fuse=0.3 * jax.random.normal(k4, (D, 2 * D)),
+    fuse_norm=jnp.ones((2, D)),
+  )
+
+
 @pytest.fixture(scope="module")
 def noisy_target(models):
   """The target with 10% weight noise: a draft that agrees often but not always, so accepted paths
@@ -381,6 +414,11 @@ def test_greedy_trees_identical_to_ar(models, noisy_target, ar_reference):
     ("dynamic_self", dynamic, target),
     ("dynamic_noisy", dynamic, noisy_target),
     ("medusa", medusa, _random_medusa(cfg, 4)),
+    (
+      "medusa_fused",
+      HeadTreeDrafter(medusa_logits_source, tree, cfg.vocab_size, hidden_layers=(0, 1)),
+      _fused_medusa(cfg),
+    ),
     (
       "pard_block",
       BlockTreeDrafter(PardDrafter(dcfg, 4), tree, cfg.vocab_size),
@@ -536,7 +574,12 @@ def test_medusa_params_source_maps_draft_vocabulary(models):
   h = jax.random.normal(jax.random.PRNGKey(8), (2, D))
   seq = jnp.full((2, 8), 3, jnp.int32)
   prop = jax.jit(drafter.propose, static_argnames="sampling")(
-    params, HeadState(h), seq, jnp.array([4, 6]), jax.random.PRNGKey(0), sampling=SamplingConfig()
+    params,
+    medusa.MedusaState(h),
+    seq,
+    jnp.array([4, 6]),
+    jax.random.PRNGKey(0),
+    sampling=SamplingConfig(),
   )
   toks = np.asarray(prop.tree.tokens)
   top = np.argsort(-np.asarray(medusa.medusa_logits(params, h)), -1)  # [B, K, Vd] ranks

@@ -181,6 +181,13 @@ def evaluate(
 
 _POSITION_KEY = re.compile(r"top1(?:_(?:step|head)(\d+))?$")
 _PREFIX_KEY = re.compile(r"prefix_step(\d+)$")
+_RANK_KEY = re.compile(r"(?:^|_)rank\d+_")
+
+
+def shown(ev: dict) -> str:
+  """An evaluation's log line: every metric but the per-rank rates (`losses.rank_agreement`),
+  which go to metrics.jsonl only."""
+  return " ".join(f"{k} {v:.4f}" for k, v in ev.items() if not _RANK_KEY.search(k))
 
 
 def simulated_tau(ev: dict, k: int = 4) -> float:
@@ -363,7 +370,7 @@ def train(
       ev = score(state.params)
       metrics.write({"step": 0, "eval": ev})
       best.offer(0, ev, state)
-      log("eval step 0: " + " ".join(f"{k} {v:.4f}" for k, v in ev.items()))
+      log("eval step 0: " + shown(ev))
     t0, tokens_seen = time.time(), 0
     t_loop = t0  # the time budget counts from here: it is for the steps
     for s in range(start, last):
@@ -398,11 +405,7 @@ def train(
         ev = score(state.params)
         metrics.write({"step": done, "eval": ev})
         kept = best.offer(done, ev, state)
-        log(
-          f"eval step {done}: "
-          + " ".join(f"{k} {v:.4f}" for k, v in ev.items())
-          + (" (best)" if kept else "")
-        )
+        log(f"eval step {done}: " + shown(ev) + (" (best)" if kept else ""))
       if done == last:
         break
     final, params = {}, state.params

@@ -97,3 +97,27 @@ def depth_agreement(depths, d2t: jax.Array, key: str = "top1_step{}", first: int
     out[key.format(j + first)] = (jnp.sum(hit * m), jnp.sum(m))
     out[f"prefix_step{j + 1}"] = (jnp.sum(run * m), jnp.sum(m))
   return out
+
+
+def rank_agreement(depths, d2t: jax.Array, ranks: int, key: str = "rank{}_head{}") -> dict:
+  """Held-out shares of positions where the target's greedy token is the drafter's r-th best
+  candidate (r = 1 .. ranks - 1, 0-based: rank 1 is the second best; rank 0 is
+  `depth_agreement`'s top-1) at each depth, whatever the other depths drafted: the per-rank rates
+  a static tree is fitted to (`specjax.trees.heldout_rank_rates`).
+
+  Args:
+    depths: as `depth_agreement`'s.
+    d2t: [V'] draft-to-target token ids.
+    ranks: R.
+    key: formatted with (r, depth - 1).
+
+  Returns:
+    {key(r, j): (hits, count)}.
+  """
+  out = {}
+  for j, (logits, labels, mask) in enumerate(depths):
+    hit = d2t[jax.lax.top_k(logits, ranks)[1]] == labels[..., None]  # [B, T, R]
+    m = mask.astype(jnp.float32)
+    for r in range(1, ranks):
+      out[key.format(r, j)] = (jnp.sum(hit[..., r] * m), jnp.sum(m))
+  return out

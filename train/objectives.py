@@ -39,6 +39,7 @@ from specjax.drafters.peagle import (
   mask_inputs,
 )
 from specjax.model import Params, init_params, rms_norm
+from specjax.trees import TREE_RANKS
 from train.data import Batch
 from train.losses import (
   agreement,
@@ -48,6 +49,7 @@ from train.losses import (
   entropy,
   greedy_target,
   masked_mean,
+  rank_agreement,
   scored,
   smooth_l1,
   soft_cross_entropy,
@@ -63,6 +65,13 @@ def output_matrix(target: Params) -> jax.Array:
 def _frozen(target: Params, d2t: jax.Array) -> dict:
   d2t = jnp.asarray(d2t, jnp.int32)
   return {"embed": target.embed, "head": output_matrix(target)[d2t], "d2t": d2t}
+
+
+def fuse_norm_init(target: Params, tcfg: ModelConfig, layers) -> jax.Array:
+  """[n, D] starting RMSNorm weights of fused target layers: what the target's next layer reads
+  of each stream (its input norm)."""
+  nxt = jnp.asarray([min(i + 1, tcfg.n_layers - 1) for i in layers])
+  return target.layers.attn_norm[nxt]
 
 
 def _kl_terms(logits, tlogp, mask):
@@ -137,21 +146,28 @@ class MedusaObjective:
     vocab_size: the target's V.
     init_from: shipped Medusa heads whose weights start the training (training continued on other
       data); their draft vocabulary must be the run's (`train.pipeline` takes it from them).
+    fuse_layers: target layers whose outputs the heads read besides h (`MedusaParams.fuse`), or
+      (). The fusion starts at zero, so heads continued from plain ones (`init_from`) start as
+      they were.
   """
 
   n_heads: int
   vocab_size: int
   decay: float = 0.8
   init_from: str = ""
+  fuse_layers: tuple[int, ...] = ()
   name = "medusa"
 
   def init(self, key, target: Params, tcfg: ModelConfig, d2t, shipped_dir="") -> tuple[dict, dict]:
     del key
-    D = tcfg.d_model
+    D, n = tcfg.d_model, len(self.fuse_layers)
     trainable = {  # zero weights: every residual block starts as the identity
       "w": jnp.zeros((self.n_heads, D, D), jnp.float32),
       "b": jnp.zeros((self.n_heads, D), jnp.float32),
     }
+    if n:
+      trainable["fuse"] = jnp.zeros((D, n * D), jnp.float32)
+      trainable["fuse_norm"] = fuse_norm_init(target, tcfg, self.fuse_layers)
     if self.init_from:
       p = warm_start(self.init_from, "medusa", target, tcfg, d2t, shipped_dir).params
       if p.w.shape != trainable["w"].shape:
@@ -159,17 +175,28 @@ class MedusaObjective:
           f"objective.init_from={self.init_from!r} has {p.w.shape[0]} heads of width "
           f"{p.w.shape[-1]}; this objective {self.n_heads} of {D}"
         )
-      trainable = {"w": jnp.asarray(p.w, jnp.float32), "b": jnp.asarray(p.b, jnp.float32)}
+      if p.fuse is not None and (not n or p.fuse.shape != trainable["fuse"].shape):
+        raise ValueError(
+          f"objective.init_from={self.init_from!r} fuses {p.fuse.shape[1] // D} target layers, "
+          f"this objective {n}: set objective.fuse_layers to the layers it fuses"
+        )
+      trainable["w"], trainable["b"] = jnp.asarray(p.w, jnp.float32), jnp.asarray(p.b, jnp.float32)
+      if p.fuse is not None:
+        trainable["fuse"] = jnp.asarray(p.fuse, jnp.float32)
+        trainable["fuse_norm"] = jnp.asarray(p.fuse_norm, jnp.float32)
     frozen = _frozen(target, d2t)
     del frozen["embed"]
     return trainable, frozen
 
   def _params(self, trainable, frozen) -> MedusaParams:
-    return MedusaParams(trainable["w"], trainable["b"], frozen["head"], frozen["d2t"])
+    return MedusaParams(
+      trainable["w"], trainable["b"], frozen["head"], frozen["d2t"],
+      trainable.get("fuse"), trainable.get("fuse_norm"),
+    )  # fmt: skip
 
   def loss(self, trainable, frozen, batch: Batch):
     tlogp = target_logp(batch.hidden, frozen["head"])  # [B, T, Vd]
-    logits = medusa_logits(self._params(trainable, frozen), batch.hidden)  # [B, T, K, Vd]
+    logits = medusa_logits(self._params(trainable, frozen), batch.hidden, batch.layers)
     total, aux = 0.0, {}
     for k in range(self.n_heads):
       ce, kl = _kl_terms(logits[:, :, k], ahead(tlogp, k + 1), scored(batch, k + 1, k + 1))
@@ -178,15 +205,17 @@ class MedusaObjective:
     return total, aux
 
   def evaluate(self, trainable, frozen, batch: Batch) -> dict:
-    logits = medusa_logits(self._params(trainable, frozen), batch.hidden)
+    logits = medusa_logits(self._params(trainable, frozen), batch.hidden, batch.layers)
     depths = [(logits[:, :, k], *greedy_target(batch, k + 2)) for k in range(self.n_heads)]
-    return depth_agreement(depths, frozen["d2t"], key="top1_head{}", first=0)
+    d2t = frozen["d2t"]
+    out = depth_agreement(depths, d2t, key="top1_head{}", first=0)
+    return {**out, **rank_agreement(depths, d2t, TREE_RANKS)}
 
   def draft_params(self, trainable, frozen) -> MedusaParams:
     return self._params(trainable, frozen)
 
   def drafter(self, k: int) -> MedusaDrafter:
-    return MedusaDrafter(self.vocab_size, k)
+    return MedusaDrafter(self.vocab_size, k, self.fuse_layers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,9 +272,8 @@ class EagleObjective:
     if self.fuse_layers:
       n = len(self.fuse_layers)
       trainable["fuse"] = jnp.tile(jnp.eye(D), (1, n)) / n  # starts as the mean of the layers
-      if self.fuse_norm:  # what the target's next layer reads of each stream: its input norm
-        nxt = jnp.asarray([min(i + 1, tcfg.n_layers - 1) for i in self.fuse_layers])
-        trainable["fuse_norm"] = target.layers.attn_norm[nxt]
+      if self.fuse_norm:
+        trainable["fuse_norm"] = fuse_norm_init(target, tcfg, self.fuse_layers)
       trainable["norm"] = target.final_norm
       trainable["head"] = frozen["head"]
     return trainable, frozen

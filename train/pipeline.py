@@ -124,7 +124,11 @@ def draft_lm_objective(o: dict, tcfg: ModelConfig):
 
 def medusa_objective(o: dict, tcfg: ModelConfig):
   return objectives.MedusaObjective(
-    o["n_heads"], tcfg.vocab_size, o.get("decay", 0.8), o.get("init_from", "")
+    o["n_heads"],
+    tcfg.vocab_size,
+    o.get("decay", 0.8),
+    o.get("init_from", ""),
+    tuple(o.get("fuse_layers", ())),
   )
 
 

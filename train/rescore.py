@@ -61,14 +61,14 @@ def rebased(meta: dict, new: dict, base_sha256: str, stamp: str) -> dict:
   }
 
 
-def rescore(config) -> tuple[str, dict, dict]:
-  """(the shipped drafter's metadata path, its metadata, its held-out metrics as
-  `train.loop.evaluate` computes them now)."""
+def heldout_setup(config):
+  """The shipped drafter of a training config, loaded as its objective's warm start, with the
+  held-out windows its training scored: (settings, its metadata, objective, trainable, frozen,
+  held-out windows)."""
   import jax
 
   from specjax.drafters.shipped import read_metadata
   from train import pipeline
-  from train.loop import evaluate
 
   name = config.ship.name
   config.objective.init_from = name
@@ -95,6 +95,16 @@ def rescore(config) -> tuple[str, dict, dict]:
   d2t = pipeline.shipped_vocabulary(source, params, tcfg, s.ship_dir)
   key = jax.random.PRNGKey(s.train.seed)  # unused by a warm start; init takes one
   trainable, frozen = objective.init(key, params, tcfg, d2t, shipped_dir=s.ship_dir)
+  return s, meta, objective, trainable, frozen, eval_w
+
+
+def rescore(config) -> tuple[str, dict, dict]:
+  """(the shipped drafter's metadata path, its metadata, its held-out metrics as
+  `train.loop.evaluate` computes them now)."""
+  from train.loop import evaluate
+
+  s, meta, objective, trainable, frozen, eval_w = heldout_setup(config)
+  name = config.ship.name
   log(f"{name}: scoring {s.train.eval_windows} held-out windows")
   t = s.train
   new = evaluate(objective, trainable, frozen, eval_w, t.eval_windows, t.batch_size, t.eval_first)

@@ -71,14 +71,21 @@ class EagleParams:
 FUSE_NORM_EPS = 1e-5
 
 
+def fused(layer_hidden: jax.Array, fuse: jax.Array, fuse_norm: jax.Array | None) -> jax.Array:
+  """The fusion of n target layers [n, ..., D] into one [..., D] feature: each layer's output
+  RMS-normalised by its row of fuse_norm [n, D] (when given), concatenated, then projected by fuse
+  [D, n*D]."""
+  layers = list(layer_hidden.astype(jnp.float32))
+  if fuse_norm is not None:
+    layers = [rms_norm(x, w, FUSE_NORM_EPS) for x, w in zip(layers, fuse_norm)]
+  return linear(jnp.concatenate(layers, -1), fuse)  # [..., n*D] -> [..., D]
+
+
 def feature(params: EagleParams, hidden: jax.Array, layer_hidden: jax.Array | None) -> jax.Array:
   """The head's feature g from the target: hidden [..., D] (EAGLE-1) or fused layers [n, ..., D]."""
   if params.fuse is None:
     return hidden.astype(jnp.float32)
-  layers = list(layer_hidden.astype(jnp.float32))
-  if params.fuse_norm is not None:
-    layers = [rms_norm(x, w, FUSE_NORM_EPS) for x, w in zip(layers, params.fuse_norm)]
-  return linear(jnp.concatenate(layers, -1), params.fuse)  # [..., n*D] -> [..., D]
+  return fused(layer_hidden, params.fuse, params.fuse_norm)
 
 
 def head_logits(params: EagleParams, o: jax.Array, eps: float) -> jax.Array:

@@ -2,7 +2,10 @@
 
 Head k maps the target's hidden state h_t (after reading x_0..x_t; the target's own LM head on h_t
 predicts x_{t+1}) through a residual block h + SiLU(W_k h + b_k), which starts as the identity
-(W_k = 0, b_k = 0), to the token x_{t+k+2}. All heads share the target's LM head restricted to a
+(W_k = 0, b_k = 0), to the token x_{t+k+2}. Heads with `fuse` read h_t plus a learned fusion of
+target layers' outputs at t (EAGLE-3's fusion, `eagle.fused`; it starts at zero, so such heads
+start as the plain ones): the last layer is shaped for x_{t+1}, and earlier layers keep more of
+what the later tokens need. All heads share the target's LM head restricted to a
 draft vocabulary (`head` = rows d2t of the target's output matrix, gathered at load time, frozen
 in training); Medusa-1 gives each head its own trainable copy, which would not fit a ~20 MB drafter
 for a 49k-token vocabulary.
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 
 from specjax.drafters.base import DrafterDefaults, Proposal, StepResult
 from specjax.drafters.draft_vocab import draw, scatter_logq
+from specjax.drafters.eagle import fused, fused_layers
 from specjax.drafters.registry import DrafterKind, ShippedDrafterError, register
 from specjax.sampling import SamplingConfig
 
@@ -36,12 +40,16 @@ class MedusaParams:
     b: [K, D] residual block biases.
     head: [Vd, D] the target's LM head rows for the draft vocabulary (frozen, shared by heads).
     d2t: [Vd] int32 target id of each draft token.
+    fuse: [D, n*D] fusion of n target layers added to the heads' input, or None (h alone).
+    fuse_norm: [n, D] RMSNorm weights of each fused layer (`eagle.fused`), or None.
   """
 
   w: jax.Array
   b: jax.Array
   head: jax.Array
   d2t: jax.Array
+  fuse: jax.Array | None = None
+  fuse_norm: jax.Array | None = None
 
 
 def head_logits(h: jax.Array, w, b, head, *, broadcast_input: bool = False) -> jax.Array:
@@ -71,17 +79,50 @@ def head_logits(h: jax.Array, w, b, head, *, broadcast_input: bool = False) -> j
   return jnp.einsum("...kd,kvd->...kv", x, head)
 
 
-def medusa_logits(params: MedusaParams, h: jax.Array) -> jax.Array:
-  """Draft-vocabulary logits of every head: h [..., D] -> [..., K, Vd] float32."""
-  return head_logits(h, params.w[:, None], params.b[:, None], params.head)
+def medusa_logits(params: MedusaParams, h: jax.Array, layers: jax.Array | None = None) -> jax.Array:
+  """Draft-vocabulary logits of every head: h [..., D] (and, for heads that fuse n target layers,
+  their outputs layers [n, ..., D] at the same positions) -> [..., K, Vd] float32."""
+  x = h.astype(jnp.float32)
+  if params.fuse is not None:
+    if layers is None:
+      raise ValueError("these Medusa heads fuse target layers: pass their outputs (layers)")
+    x = x + fused(layers, params.fuse, params.fuse_norm)
+  return head_logits(x, params.w[:, None], params.b[:, None], params.head)
 
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class MedusaState:
-  """h: [B, D] the target's hidden state at position seq_len - 2 of each row."""
+  """What heads read, at position seq_len - 2 of each row: h [B, D] the target's final hidden
+  state; layers [n, B, D] the outputs of the target layers the heads fuse, or None."""
 
   h: jax.Array
+  layers: jax.Array | None = None
+
+
+def initial_state(prefill, prompt_lens) -> MedusaState:
+  """The heads' input at each prompt's last position."""
+  rows = jnp.arange(prefill.hidden.shape[0])
+  pos = prompt_lens - 1
+  layers = prefill.layer_hidden
+  return MedusaState(
+    prefill.hidden[rows, pos].astype(jnp.float32),
+    None if layers is None else layers[:, rows, pos].astype(jnp.float32),
+  )
+
+
+def committed_state(state: MedusaState, step) -> MedusaState:
+  """The heads' input at each row's newest verified position (index n_committed - 1 of the step;
+  along the accepted path in the tree loops), kept for rows that committed nothing."""
+  B = step.hidden.shape[0]
+  idx = jnp.maximum(step.n_committed - 1, 0)
+  rows = jnp.arange(B)
+  done = step.n_committed > 0
+  h = jnp.where(done[:, None], step.hidden[rows, idx].astype(jnp.float32), state.h)
+  if state.layers is None:
+    return MedusaState(h)
+  layers = step.layer_hidden[:, rows, idx].astype(jnp.float32)
+  return MedusaState(h, jnp.where(done[None, :, None], layers, state.layers))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,8 +143,7 @@ class MedusaDrafter(DrafterDefaults):
 
   def init(self, params: MedusaParams, prefill, prompts, prompt_lens, capacity: int):
     del params, prompts, capacity
-    rows = jnp.arange(prefill.hidden.shape[0])
-    return MedusaState(prefill.hidden[rows, prompt_lens - 1].astype(jnp.float32))
+    return initial_state(prefill, prompt_lens)
 
   def propose(
     self, params: MedusaParams, state: MedusaState, seq, seq_len, key, sampling: SamplingConfig
@@ -112,7 +152,8 @@ class MedusaDrafter(DrafterDefaults):
       raise ValueError(f"k={self.k} exceeds the {params.w.shape[0]} trained Medusa heads")
     B = seq.shape[0]
     sub = jax.tree.map(lambda a: a[: self.k], (params.w, params.b))
-    logits = medusa_logits(dataclasses.replace(params, w=sub[0], b=sub[1]), state.h)  # [B, K, Vd]
+    sub_params = dataclasses.replace(params, w=sub[0], b=sub[1])
+    logits = medusa_logits(sub_params, state.h, state.layers)  # [B, K, Vd]
     tokens, logq_d = draw(key, logits, params.d2t, sampling)
     logq = None if sampling.greedy else scatter_logq(logq_d, params.d2t, self.vocab_size)
     return Proposal(tokens, logq, jnp.full((B,), self.k, jnp.int32), state)
@@ -123,10 +164,7 @@ class MedusaDrafter(DrafterDefaults):
     return state
 
   def commit(self, params, state: MedusaState, seq, seq_len, step: StepResult) -> MedusaState:
-    B = step.hidden.shape[0]
-    idx = jnp.maximum(step.n_committed - 1, 0)
-    h = step.hidden[jnp.arange(B), idx].astype(jnp.float32)
-    return MedusaState(jnp.where((step.n_committed > 0)[:, None], h, state.h))
+    return committed_state(state, step)
 
   def observe(
     self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
@@ -139,7 +177,7 @@ def _chain(shipped, k: int) -> MedusaDrafter:
   n_heads = shipped.params.w.shape[0]
   if k > n_heads:
     raise ShippedDrafterError(f"{shipped.name} has {n_heads} Medusa heads; k={k} is too many")
-  return MedusaDrafter(shipped.metadata["target"]["vocab_size"], k)
+  return MedusaDrafter(shipped.metadata["target"]["vocab_size"], k, fused_layers(shipped))
 
 
 def _tree(shipped, t, vocab_size: int):
@@ -150,14 +188,17 @@ def _tree(shipped, t, vocab_size: int):
   n_heads = shipped.params.w.shape[0]
   if t.depth > n_heads:
     raise ValueError(f"tree.depth={t.depth} exceeds the {n_heads} Medusa heads")
-  return HeadTreeDrafter(medusa_logits_source, fitted_tree(shipped, t), vocab_size)
+  tree = fitted_tree(shipped, t)
+  return HeadTreeDrafter(
+    medusa_logits_source, tree, vocab_size, hidden_layers=fused_layers(shipped)
+  )
 
 
 register(
   DrafterKind(
     "medusa",
     params=lambda t, d2t, out_matrix, target_params: MedusaParams(
-      t["w"], t["b"], out_matrix[d2t], d2t
+      t["w"], t["b"], out_matrix[d2t], d2t, t.get("fuse"), t.get("fuse_norm")
     ),
     chain=_chain,
     tree=_tree,

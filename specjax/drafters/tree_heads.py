@@ -1,9 +1,10 @@
 """Static token trees from per-position candidate sources, such as Medusa heads.
 
 A candidate source scores every draft depth at once from the target's newest hidden state h (at
-position seq_len - 2, after the target read the token before the root):
+position seq_len - 2, after the target read the token before the root) and, for sources that read
+them, the outputs of the target layers the drafter names in `hidden_layers` there:
 
-    source(params, h [B, D]) -> (logits [B, K, Vd] float32, d2t [Vd] int32 or None)
+    source(params, h [B, D], layers [n, B, D] or None) -> (logits [B, K, Vd] float32, d2t or None)
 
 where head i (0-based) scores the token at depth i + 1 (Medusa head i predicts x_{t+i+2} from h_t),
 over the target vocabulary (d2t None) or a draft vocabulary mapped to target ids by d2t. The source
@@ -30,16 +31,31 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.drafters.base import StaticTreeShape, TreeDrafterDefaults, TreeProposal, TreeStepResult
-from specjax.drafters.medusa import head_logits, medusa_logits
+from specjax.drafters.medusa import (
+  MedusaState,
+  committed_state,
+  head_logits,
+  initial_state,
+  medusa_logits,
+)
 from specjax.loading.heads import MedusaHeadParams  # noqa: F401 - also exported here
 from specjax.sampling import SamplingConfig
-from specjax.trees import StaticTree, default_static_tree, heldout_depth_top1, static_token_tree
+from specjax.trees import (
+  StaticTree,
+  default_static_tree,
+  heldout_depth_top1,
+  heldout_rank_rates,
+  static_token_tree,
+  tree_from_rank_probs,
+)
 
 CandidateSource = Callable[..., tuple[jax.Array, jax.Array | None]]
 
 
-def published_medusa_logits(params: MedusaHeadParams, h: jax.Array):
-  """Logits [B, K, V] of published Medusa heads: per head, R x (x + SiLU(W x + b)), then its head."""
+def published_medusa_logits(params: MedusaHeadParams, h: jax.Array, layers=None):
+  """Logits [B, K, V] of published Medusa heads: per head, R x (x + SiLU(W x + b)), then its head
+  (they read h alone)."""
+  del layers
   f32 = jnp.float32
   logits = head_logits(
     h, params.w.astype(f32), params.b, params.lm_head.astype(f32), broadcast_input=True
@@ -47,9 +63,9 @@ def published_medusa_logits(params: MedusaHeadParams, h: jax.Array):
   return logits, None
 
 
-def medusa_logits_source(params, h: jax.Array):
+def medusa_logits_source(params, h: jax.Array, layers: jax.Array | None = None):
   """Adapter for `specjax.drafters.medusa.MedusaParams` (shared head over a draft vocabulary)."""
-  return medusa_logits(params, h), params.d2t
+  return medusa_logits(params, h, layers), params.d2t
 
 
 def tree_from_depth_logits(
@@ -94,23 +110,17 @@ def tree_from_depth_logits(
   return static_token_tree(tree, tokens, logq)
 
 
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class HeadState:
-  """h: [B, D] the target's final hidden state at position seq_len - 2 of each row."""
-
-  h: jax.Array
-
-
 @dataclasses.dataclass(frozen=True)
 class HeadTreeDrafter(StaticTreeShape, TreeDrafterDefaults):
   """Static-tree drafting from a per-position candidate source (Medusa-style).
 
   Attributes:
-    source: static callable (params, h) -> (logits [B, K, Vd], d2t or None), K >= tree depth.
+    source: static callable (params, h, layers) -> (logits [B, K, Vd], d2t or None), K >= tree
+      depth.
     tree: the static topology.
     vocab_size: the target's V.
     sample_children: when sampling, draw each parent's children without replacement.
+    hidden_layers: target layers whose outputs the source reads (heads that fuse them).
   """
 
   source: CandidateSource
@@ -122,27 +132,24 @@ class HeadTreeDrafter(StaticTreeShape, TreeDrafterDefaults):
   def capacity_slack(self) -> int:
     return 0
 
-  def init(self, params, prefill, prompts, prompt_lens, capacity: int) -> HeadState:
+  def init(self, params, prefill, prompts, prompt_lens, capacity: int) -> MedusaState:
     del params, prompts, capacity
-    rows = jnp.arange(prefill.hidden.shape[0])
-    return HeadState(prefill.hidden[rows, prompt_lens - 1].astype(jnp.float32))
+    return initial_state(prefill, prompt_lens)
 
-  def propose(self, params, state: HeadState, seq, seq_len, key, sampling: SamplingConfig):
-    logits, d2t = self.source(params, state.h)
+  def propose(self, params, state: MedusaState, seq, seq_len, key, sampling: SamplingConfig):
+    logits, d2t = self.source(params, state.h, state.layers)
     tree = tree_from_depth_logits(
       self.tree, logits, d2t, seq, seq_len, key, sampling, self.sample_children, self.vocab_size
     )
     return TreeProposal(tree, state)
 
-  def commit(self, params, state: HeadState, seq, seq_len, step: TreeStepResult) -> HeadState:
+  def commit(self, params, state: MedusaState, seq, seq_len, step: TreeStepResult) -> MedusaState:
     del params, seq, seq_len
-    B = step.hidden.shape[0]
-    h = step.hidden[jnp.arange(B), jnp.maximum(step.n_committed - 1, 0)].astype(jnp.float32)
-    return HeadState(jnp.where((step.n_committed > 0)[:, None], h, state.h))
+    return committed_state(state, step)
 
   def observe(
     self, params, state, seq, seq_len, new_seq, new_seq_len, step, key, sampling
-  ) -> HeadState:
+  ) -> MedusaState:
     """After an AR step of the adaptive loop: the heads need only its hidden state."""
     return self.commit(params, state, new_seq, new_seq_len, step)
 
@@ -201,11 +208,15 @@ class BlockTreeDrafter(StaticTreeShape, TreeDrafterDefaults):
 
 
 def fitted_tree(shipped, t) -> StaticTree:
-  """`trees.default_static_tree(t.n_nodes, t.depth)` fitted to the shipped drafter's held-out
-  per-depth top-1 accuracies (`trees.heldout_depth_top1`), or the fixed prior when its metadata
-  does not record them; with children under the greedy depth-1 node only when its later depths
-  read that draft (`config.first_token`)."""
+  """The static tree of t.n_nodes nodes and depth <= t.depth for the shipped drafter: fitted to
+  its held-out per-rank rates where its metadata records them (`trees.heldout_rank_rates`, Medusa
+  heads), else `trees.default_static_tree` fitted to its held-out per-depth top-1 accuracies
+  (`trees.heldout_depth_top1`), or the fixed prior when it records neither; with children under
+  the greedy depth-1 node only when its later depths read that draft (`config.first_token`)."""
   greedy_first = bool((shipped.metadata.get("config") or {}).get("first_token"))
+  rates = heldout_rank_rates(shipped.metadata, t.depth)
+  if rates is not None:
+    return tree_from_rank_probs(rates, t.n_nodes, greedy_first)
   top1 = heldout_depth_top1(shipped.metadata, t.depth)
   return default_static_tree(t.n_nodes, t.depth, top1, greedy_first)
 
