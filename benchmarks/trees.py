@@ -5,8 +5,8 @@ SmolLM2-135M-Instruct (as the registry loads it, in `--dtype`: float32 by defaul
 shipped for it (`specjax.drafters.shipped`):
   * chain: the EAGLE head (`--eagle`, default eagle1) drafting `--k` tokens;
   * static_tree: the Medusa heads (`--medusa`, default medusa4), Medusa-style: a static tree of
-    `--static_nodes` nodes built from the heads' held-out top-1 accuracies (rank r at depth d
-    estimated as top1_d * 0.5**r), child of rank r at depth d = head d - 1's r-th best token;
+    `--static_nodes` nodes fitted to the heads' held-out per-rank rates (`tree_heads.fitted_tree`),
+    child of rank r at depth d = head d - 1's r-th best token;
   * dynamic_KxDxN: the same EAGLE head drafting EAGLE-2 dynamic trees (`EagleTreeDrafter`: expand
     the top K children of the K best frontier nodes for D levels, keep the N best nodes by
     cumulative log-probability, root included), one method per shape in `--dynamic`.
@@ -37,15 +37,15 @@ from specjax.drafters import DraftModelDrafter
 from specjax.drafters.shipped import load_shipped
 from specjax.drafters.tree_draft_model import DynamicTreeDrafter, StaticTreeDrafter
 from specjax.drafters.tree_eagle import EagleTreeDrafter
-from specjax.drafters.tree_heads import HeadTreeDrafter, medusa_logits_source
 from specjax.experiment.methods import load_target, truncate_layers
 from specjax.experiment.runner import prompt_width
+from specjax.experiment.settings import TreeSettings
 from specjax.experiment.tasks import SPEC_BENCH_CATEGORIES, find_spec_bench, load_spec_bench
 from specjax.generate import GenerateConfig, generate, pad_prompts
 from specjax.metrics import summarize
 from specjax.speculative import speculative_generate
 from specjax.tree_speculative import tree_speculative_generate
-from specjax.trees import default_static_tree, describe, heldout_depth_top1
+from specjax.trees import default_static_tree, describe
 
 _MODEL = flags.DEFINE_string("model", "smollm2-135m-instruct", "Registry name, HF dir or .gguf.")
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Target dtype (AR too).")
@@ -83,13 +83,9 @@ def shipped_methods(target):
   """(name, kind, drafter, params) for chain / static / dynamic with the shipped heads."""
   eagle = load_shipped(_EAGLE.value, target.params, target.cfg)
   medusa = load_shipped(_MEDUSA.value, target.params, target.cfg)
-  n_heads = medusa.params.w.shape[0]
-  if _STATIC_DEPTH.value > n_heads:
-    raise ValueError(f"{_MEDUSA.value} has {n_heads} heads; --static_depth is too deep")
-  top1 = heldout_depth_top1(medusa.metadata, _STATIC_DEPTH.value)
-  tree = default_static_tree(_STATIC_NODES.value, _STATIC_DEPTH.value, top1)
-  fit = "the fixed prior" if top1 is None else f"held-out top-1 {np.round(top1, 3).tolist()}"
-  print(f"static tree ({_MEDUSA.value}, {fit}): {describe(tree)}")
+  shape = TreeSettings(n_nodes=_STATIC_NODES.value, depth=_STATIC_DEPTH.value)
+  static = medusa.tree_drafter(shape, target.cfg.vocab_size)  # fitted to its held-out rates
+  print(f"static tree ({_MEDUSA.value}): {describe(static.tree)}")
   fuse = tuple(eagle.metadata["config"].get("fuse_layers", ()))
   dynamic = [
     (f"dynamic_{k}x{d}x{n}", "tree", EagleTreeDrafter(eagle.head_cfg, k, d, n, fuse), eagle.params)
@@ -97,9 +93,8 @@ def shipped_methods(target):
   ]
   return [
     ("chain", "chain", eagle.drafter(_K.value), eagle.params),
-    ("static_tree", "tree", HeadTreeDrafter(medusa_logits_source, tree, target.cfg.vocab_size),
-     medusa.params),
-  ] + dynamic  # fmt: skip
+    ("static_tree", "tree", static, medusa.params),
+  ] + dynamic
 
 
 def truncated_methods(target, n_layers: int):

@@ -2,9 +2,11 @@
 
 `chain` (default): the heads' top-1 tokens as a chain of K = 4 drafts, verified by
 `specjax.speculative`. `tree`: Medusa's own decoding, a static sparse tree of 16 nodes (depth
-<= 4) built from the heads' top-ranked tokens and fitted, as Medusa does, to the heads' held-out
-top-1 accuracy per depth (their .json; `tree_heads.fitted_tree`), verified in one pass by
-`specjax.tree_speculative`. The heads were trained for SmolLM2-135M-Instruct. On a 2-core CPU
+<= 4) built from the heads' top-ranked tokens and fitted, as Medusa does, to how often each
+head's rank-r token was the target's on held-out text (their .json; `tree_heads.fitted_tree`),
+verified in one pass by `specjax.tree_speculative`. `drafter.shipped=medusa4f-smollm2-135m`
+selects the heads that also read a fusion of target layers 2, 15 and 27
+(`configs/train_medusa.py:fused`). The heads were trained for SmolLM2-135M-Instruct. On a 2-core CPU
 a 6-node tree (`tree.n_nodes=6`, `tree.depth=3`) costs less than the 16-node one and is faster,
 though still below AR (benchmarks/RESULTS.md, twenty-eighth session).
 
