@@ -7,11 +7,15 @@ keeping their draft vocabulary) at lr 1e-3 on the committed corpus v2
 steps 1200-1799 (windows the shared feature cache held; held-out simulated tau 1.379 -> 1.394,
 head-0 top-1 0.320 -> 0.329: the heads gain little from more data). Steps 450-1199 are still
 unread by them; the default reads on from step 1800. `:scratch` trains heads from zero weights
-on v2 with the first stage's settings (lr 2e-3).
+on v2 with the first stage's settings (lr 2e-3). `:fused` continues them with target layers 2, 15
+and 27 fused into their input, shipped as `medusa4f-smollm2-135m` (held-out chain tau 1.441 ->
+1.482 at step 350, against 1.459 for the plain heads on the same steps; benchmarks/RESULTS.md,
+thirty-fifth session).
 
 Commands (from the repository root):
 
   python train/main.py --config=configs/train_medusa.py --workdir=/tmp/specjax_train_medusa
+  python train/main.py --config=configs/train_medusa.py:fused --workdir=/tmp/specjax_medusa_fused
   python train/main.py --config=configs/train_medusa.py:tiny --workdir=/tmp/medusa_tiny \
     --config.target=/path/to/tiny_hf_dir
 
