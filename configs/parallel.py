@@ -4,9 +4,8 @@ pass proposes a block of K = 8 tokens (`specjax.drafters.parallel`).
 `peagle` (default): the shipped `peagle-smollm2-135m`, a P-EAGLE-style parallel EAGLE-3 head, as a
 chain of 8. `pard`: the shipped `pard-smollm2-135m`, a PARD-style parallel 2-layer draft LM, as a
 chain of 8. `peagle_tree` / `pard_tree`: the same block as a static Medusa-style tree (16 nodes,
-depth <= 4, each depth's top-ranked tokens, fitted to the drafter's held-out rates: per rank
-where its .json records them, as P-EAGLE's does, else top-1 per depth; `tree_heads.fitted_tree`),
-verified in one pass by `specjax.tree_speculative`. On a
+depth <= 4, each depth's top-ranked tokens, fitted to the drafter's held-out top-1 accuracy per
+depth: `tree_heads.fitted_tree`), verified in one pass by `specjax.tree_speculative`. On a
 2-core CPU a 4-node tree is faster (`tree.n_nodes=4`, `tree.depth=2`: top-2 at depth 1, top-1
 after the first; benchmarks/RESULTS.md, twenty-eighth session).
 

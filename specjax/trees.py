@@ -314,27 +314,17 @@ def default_static_tree(
 
 
 def heldout_rank_rates(metadata: dict, depth: int) -> np.ndarray | None:
-  """[depth, TREE_RANKS] held-out rates at which depth d's rank-r candidate is the target's token
-  (`train.losses.rank_agreement`), from a shipped drafter's metadata, or None when it lacks any.
-
-  Medusa heads record them per head, whatever the other depths drafted (`top1_head{d}` for rank
-  0, `rank{r}_head{d}`). Block drafters whose later depths read the greedy drafts above record
-  them chained (`prefix_step{j}`, `rank{r}_step{j}`: depths < j all right as well); these are
-  turned into rates given depths < j right, as `conditional_rates` does for top-1.
-  """
+  """[depth, TREE_RANKS] held-out share of positions whose target token is head d's rank-r
+  candidate (`top1_head{d}` for rank 0, `rank{r}_head{d}` for the others, as Medusa heads'
+  evaluation records them: `train.losses.rank_agreement`), or None when any is missing."""
   held = metadata.get("heldout") or {}
-  rate = lambda k: held.get(k) if isinstance(held.get(k), (int, float)) else None  # noqa: E731
-  heads = [[rate(f"top1_head{d}" if r == 0 else f"rank{r}_head{d}") for r in range(TREE_RANKS)]
-           for d in range(depth)]  # fmt: skip
-  if all(v is not None for row in heads for v in row):
-    return np.asarray(heads, np.float64)
-  steps = [[rate(f"{'prefix' if r == 0 else f'rank{r}'}_step{j}") for r in range(TREE_RANKS)]
-           for j in range(1, depth + 1)]  # fmt: skip
-  if not all(v is not None for row in steps for v in row):
+  keys = [
+    [f"top1_head{d}" if r == 0 else f"rank{r}_head{d}" for r in range(TREE_RANKS)]
+    for d in range(depth)
+  ]
+  if not all(isinstance(held.get(k), (int, float)) for row in keys for k in row):
     return None
-  before = np.asarray([1.0] + [row[0] for row in steps[:-1]])  # prefix_{j-1}
-  chained = np.asarray(steps, np.float64)
-  return np.divide(chained, before[:, None], out=np.zeros_like(chained), where=before[:, None] > 0)
+  return np.asarray([[float(held[k]) for k in row] for row in keys])
 
 
 def heldout_depth_top1(metadata: dict, depth: int) -> list[float] | None:

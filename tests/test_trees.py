@@ -139,14 +139,6 @@ def test_a_tree_fits_recorded_rank_rates():
   assert set(fitted_tree(heads, t).paths) == {(0,), (1,), (0, 0), (1, 0)}
   prior = fitted_tree(types.SimpleNamespace(metadata={"config": {}, "heldout": top1}), t)
   assert set(prior.paths) == {(0,), (1,), (2,), (0, 0)}
-  # A block drafter's chained rates (depths < j right too) become rates given depths < j right.
-  steps = {"prefix_step1": 0.7, "prefix_step2": 0.35, "rank1_step1": 0.1, "rank1_step2": 0.07}
-  steps.update({f"rank{r}_step{j}": 0.0 for j in (1, 2) for r in range(2, TREE_RANKS)})
-  rates = heldout_rank_rates({"heldout": steps}, 2)
-  np.testing.assert_allclose(rates[:, :2], [[0.7, 0.1], [0.5, 0.1]])
-  block = types.SimpleNamespace(metadata={"config": {"first_token": True}, "heldout": steps})
-  # reach: (0,) .7, (0, 0) .35, (1,) .1, (0, 1) .07; (1, 0) is not grown under a rank-1 parent
-  assert set(fitted_tree(block, t).paths) == {(0,), (0, 0), (1,), (0, 1)}
 
 
 def test_dynamic_helpers_match_static_buffers():

@@ -99,33 +99,24 @@ def depth_agreement(depths, d2t: jax.Array, key: str = "top1_step{}", first: int
   return out
 
 
-def rank_agreement(depths, d2t: jax.Array, ranks: int, chained: bool = False) -> dict:
+def rank_agreement(depths, d2t: jax.Array, ranks: int) -> dict:
   """Held-out shares of positions where the target's greedy token is the drafter's r-th best
   candidate (r = 1 .. ranks - 1, 0-based: rank 1 is the second best; rank 0 is
-  `depth_agreement`'s top-1) at each depth: the per-rank rates a static tree is fitted to
-  (`specjax.trees.heldout_rank_rates`).
+  `depth_agreement`'s top-1) at each depth, whatever the other depths drafted: the per-rank rates
+  a static tree over Medusa heads is fitted to (`specjax.trees.heldout_rank_rates`).
 
   Args:
     depths: as `depth_agreement`'s.
     d2t: [V'] draft-to-target token ids.
     ranks: R.
-    chained: count a position at depth j only where the greedy drafts of depths 1..j-1 were all
-      right (drafters whose later depths read the earlier greedy drafts: P-EAGLE's block), keyed
-      `rank{r}_step{j}` (j from 1); otherwise whatever the other depths drafted (Medusa heads),
-      keyed `rank{r}_head{j - 1}`.
 
   Returns:
-    {key: (hits, count)}.
+    {f"rank{r}_head{depth - 1}": (hits, count)}.
   """
-  out, run = {}, None
+  out = {}
   for j, (logits, labels, mask) in enumerate(depths):
-    top = d2t[jax.lax.top_k(logits, ranks)[1]]  # [B, T, R]
-    hit = top == labels[..., None]
-    if chained and run is not None:
-      hit = hit & run[..., None]
+    hit = d2t[jax.lax.top_k(logits, ranks)[1]] == labels[..., None]  # [B, T, R]
     m = mask.astype(jnp.float32)
     for r in range(1, ranks):
-      key = f"rank{r}_step{j + 1}" if chained else f"rank{r}_head{j}"
-      out[key] = (jnp.sum(hit[..., r] * m), jnp.sum(m))
-    run = hit[..., 0] if run is None else run & hit[..., 0]
+      out[f"rank{r}_head{j}"] = (jnp.sum(hit[..., r] * m), jnp.sum(m))
   return out

@@ -684,8 +684,7 @@ class PEagleObjective:
       (head_logits(e, o[:, j], self.cfg.norm_eps), *greedy_target(batch, j + 2))
       for j in range(self.k)
     ]
-    out = depth_agreement(depths, frozen["d2t"])
-    return {**out, **rank_agreement(depths, frozen["d2t"], TREE_RANKS, chained=True)}
+    return depth_agreement(depths, frozen["d2t"])
 
   def draft_params(self, trainable, frozen) -> PEagleParams:
     return self.params(trainable, frozen)
