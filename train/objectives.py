@@ -28,7 +28,14 @@ from specjax.drafters.decoder_layer import (
   self_attention_layer,
 )
 from specjax.drafters.draft_lm import DraftLMDrafter, DraftLMParams
-from specjax.drafters.eagle import EagleDrafter, EagleParams, feature, head_logits, layer_inputs
+from specjax.drafters.eagle import (
+  EagleDrafter,
+  EagleParams,
+  feature,
+  fused_layers,
+  head_logits,
+  layer_inputs,
+)
 from specjax.drafters.medusa import MedusaDrafter, MedusaParams, medusa_logits
 from specjax.drafters.pard import PardDrafter, PardParams
 from specjax.drafters.peagle import (
@@ -169,16 +176,17 @@ class MedusaObjective:
       trainable["fuse"] = jnp.zeros((D, n * D), jnp.float32)
       trainable["fuse_norm"] = fuse_norm_init(target, tcfg, self.fuse_layers)
     if self.init_from:
-      p = warm_start(self.init_from, "medusa", target, tcfg, d2t, shipped_dir).params
+      shipped = warm_start(self.init_from, "medusa", target, tcfg, d2t, shipped_dir)
+      p, layers = shipped.params, fused_layers(shipped)
       if p.w.shape != trainable["w"].shape:
         raise ValueError(
           f"objective.init_from={self.init_from!r} has {p.w.shape[0]} heads of width "
           f"{p.w.shape[-1]}; this objective {self.n_heads} of {D}"
         )
-      if p.fuse is not None and (not n or p.fuse.shape != trainable["fuse"].shape):
+      if layers and layers != tuple(self.fuse_layers):
         raise ValueError(
-          f"objective.init_from={self.init_from!r} fuses {p.fuse.shape[1] // D} target layers, "
-          f"this objective {n}: set objective.fuse_layers to the layers it fuses"
+          f"objective.init_from={self.init_from!r} fuses target layers {layers}, this objective "
+          f"{tuple(self.fuse_layers)}: set objective.fuse_layers to the layers it fuses"
         )
       trainable["w"], trainable["b"] = jnp.asarray(p.w, jnp.float32), jnp.asarray(p.b, jnp.float32)
       if p.fuse is not None:
