@@ -30,7 +30,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from specjax.drafters.medusa import medusa_logits
-from specjax.trees import TREE_RANKS, default_static_tree, tree_from_rank_probs
+from specjax.trees import TREE_RANKS, conditional_rates, default_static_tree, tree_from_rank_probs
 from train.loop import eval_window_ids
 from train.losses import greedy_target
 from train.rescore import heldout_setup
@@ -115,7 +115,7 @@ def main(argv):
   order = np.random.default_rng(_SEED.value).permutation(len(ranks))
   fit, score = ranks[order[: len(order) // 2]], ranks[order[len(order) // 2 :]]
   chained = [float(np.mean(np.all(fit[:, : d + 1] == 0, 1))) for d in range(depth)]
-  conditional = [c / p if p else 0.0 for c, p in zip(chained, [1.0] + chained[:-1])]
+  conditional = conditional_rates(chained)
   rates = np.asarray([[np.mean(fit[:, d] == r) for r in range(TREE_RANKS)] for d in range(depth)])
   print(f"{meta['name']}: {len(ranks)} held-out positions ({len(fit)} fit, {len(score)} scored)")
   print("per-rank rates (fit half), rank 0 first:")
