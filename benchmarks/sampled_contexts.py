@@ -43,7 +43,7 @@ from train.data import Windows
 from train.features import FeatureStore
 from train.loop import simulated_tau
 from train.losses import ahead, same_doc
-from train.objectives import output_matrix
+from train.objectives.common import output_matrix
 from train.pipeline import make_objective
 from train.settings import SMOLLM2, SMOLLM2_CORPUS
 

@@ -40,7 +40,7 @@ from specjax.smc import SMCConfig, smc_generate
 from specjax.speculative import speculative_generate
 from train.data import Batch
 from train.loop import TrainState, make_train_step
-from train.objectives import MedusaObjective
+from train.objectives.medusa import MedusaObjective
 
 MESH = sh.MeshConfig((2, 4), ("data", "tensor"))
 CFG = ModelConfig(

@@ -38,7 +38,6 @@ from train import (
   decontam,
   features,
   loop,
-  objectives,
   pipeline,
   prompts,
   rescore,
@@ -50,6 +49,7 @@ from train.export import export_drafter
 from train.features import FeatureStore
 from train.loop import evaluate, make_optimizer, positions_read, read_metrics, simulated_tau
 from train.losses import depth_agreement, rank_agreement
+from train.objectives.eagle import EagleObjective
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -643,7 +643,7 @@ def test_peagle_head_depth2_is_eagles_sequential_step_2(tiny, ship, tmp_path):
 
   obj = pipeline.make_objective({**o, "head_depth2": True}, cfg)
   got, (tr, fr) = depth2(obj)
-  seq = objectives.EagleObjective(obj.cfg, 2, obj.fuse_layers, w_reg=0.0, w_cls=1.0)
+  seq = EagleObjective(obj.cfg, 2, obj.fuse_layers, w_reg=0.0, w_cls=1.0)
   step2 = seq.unroll(fr["eagle"], fr, batch)[1]  # [B, T, D]
   np.testing.assert_allclose(got, step2, atol=1e-4)
   masked = depth2(pipeline.make_objective({**o, "head_depth2": False}, cfg))[0]

@@ -28,7 +28,7 @@ from specjax.integrity import (
   write_json_atomic,
 )
 from specjax.loading.registry import load_model
-from train import corpus, features, objectives, prompts, sources, teacher_forced
+from train import corpus, features, prompts, sources, teacher_forced
 from train.data import Windows
 from train.loop import TrainSettings, positions_read, read_metrics, train
 
@@ -115,69 +115,6 @@ def settings_from_config(config) -> RunSettings:
 def make_objective(o: dict, tcfg: ModelConfig):
   """The objective of drafter kind o["kind"] (`specjax.drafters.registry`) for target config tcfg."""
   return drafter_registry.get(o["kind"]).make_objective(o, tcfg)
-
-
-def draft_lm_objective(o: dict, tcfg: ModelConfig):
-  cfg = tcfg.replace(n_layers=o["n_layers"])
-  return objectives.DraftLMObjective(cfg, tuple(o["init_layers"]), o.get("train_head", False))
-
-
-def medusa_objective(o: dict, tcfg: ModelConfig):
-  return objectives.MedusaObjective(
-    o["n_heads"],
-    tcfg.vocab_size,
-    o.get("decay", 0.8),
-    o.get("init_from", ""),
-    tuple(o.get("fuse_layers", ())),
-  )
-
-
-def pard_objective(o: dict, tcfg: ModelConfig):
-  return objectives.PardObjective(
-    tcfg.replace(n_layers=o["n_layers"]),
-    k=o.get("k", 8),
-    init_layers=tuple(o.get("init_layers", ())),
-    train_head=o.get("train_head", False),
-    base=o.get("base", ""),
-    decay=o.get("decay", 0.8),
-    init_from=o.get("init_from", ""),
-  )
-
-
-def peagle_objective(o: dict, tcfg: ModelConfig):
-  return objectives.PEagleObjective(
-    tcfg.replace(n_layers=1),
-    k=o.get("k", 8),
-    fuse_layers=tuple(o.get("fuse_layers", ())),
-    fuse_norm=o.get("fuse_norm", True),
-    base=o.get("base", ""),
-    init_layer=o.get("init_layer", -1),
-    decay=o.get("decay", 0.8),
-    init_from=o.get("init_from", ""),
-    first_token=o.get("first_token", False),
-    head_state=o.get("head_state", False),
-    head_depth2=o.get("head_depth2", False),
-  )
-
-
-def eagle_objective(o: dict, tcfg: ModelConfig):
-  if o.get("grow_vocab") and not o.get("init_from"):
-    raise ValueError(
-      "objective.grow_vocab grows a shipped head's draft vocabulary: set objective.init_from to "
-      "that head, or data.draft_vocab for a head trained from scratch"
-    )
-  return objectives.EagleObjective(
-    tcfg.replace(n_layers=1),
-    steps=o["steps"],
-    fuse_layers=tuple(o.get("fuse_layers", ())),
-    w_reg=o.get("w_reg", 1.0),
-    w_cls=o.get("w_cls", 0.1),
-    decay=o.get("decay", 0.8),
-    init_layer=o.get("init_layer", -1),
-    fuse_norm=o.get("fuse_norm", True),
-    init_from=o.get("init_from", ""),
-    grow_vocab=o.get("grow_vocab", 0),
-  )
 
 
 def _synthetic_prompts(n: int, vocab: int, seed: int) -> list[prompts.TrainPrompt]:

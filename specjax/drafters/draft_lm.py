@@ -99,6 +99,6 @@ register(
     "draft_lm",
     params=params_from_tensors,
     chain=lambda shipped, k: DraftLMDrafter(shipped.head_cfg, k),
-    objective="train.pipeline:draft_lm_objective",
+    objective="train.objectives.draft_lm:make",
   )
 )

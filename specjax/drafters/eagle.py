@@ -290,6 +290,6 @@ register(
     chain=lambda shipped, k: EagleDrafter(shipped.head_cfg, k, fused_layers(shipped)),
     tree=_tree,
     tree_kind="eagle",
-    objective="train.pipeline:eagle_objective",
+    objective="train.objectives.eagle:make",
   )
 )

@@ -203,6 +203,6 @@ register(
     chain=_chain,
     tree=_tree,
     head_cfg=False,
-    objective="train.pipeline:medusa_objective",
+    objective="train.objectives.medusa:make",
   )
 )

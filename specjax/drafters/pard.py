@@ -11,7 +11,7 @@ trains one set of layers for every depth; keeping the draft LM frozen keeps draf
 the draft LM's (sharing the layers pulled the draft's own next-token agreement down in training
 here, as it did for P-EAGLE). The draft never feeds its own guesses, so its cache only ever holds
 committed tokens: after a propose it holds seq[:seq_len], and `commit` has nothing to roll back.
-Trained by `train.objectives.PardObjective` (the mask-token objective over K depths,
+Trained by `train.objectives.pard.PardObjective` (the mask-token objective over K depths,
 `train.streams`); a shipped PARD holds only its mask layers and embeddings and names the draft LM
 it extends (`base`).
 """
@@ -111,6 +111,6 @@ register(
     ),
     chain=lambda shipped, k: PardDrafter(shipped.head_cfg, k),
     tree=block_tree,
-    objective="train.pipeline:pard_objective",
+    objective="train.objectives.pard:make",
   )
 )

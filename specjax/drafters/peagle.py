@@ -34,7 +34,7 @@ fed as EAGLE's window (draft 1 is read at the last real pair, position seq_len -
 is the anchor's), then the K - 1 mask pairs go through the mask layer at the next K - 1 slots:
 two short passes of the one layer per block, instead of one pass plus K - 1 sequential steps.
 `commit` is EAGLE's (the cache rolls back to the verified pairs). Trained by
-`train.objectives.PEagleObjective`.
+`train.objectives.peagle.PEagleObjective`.
 
 Why this and not DFlash: DFlash's drafter is a block-diffusion model that reads the target's
 features as context in every layer and needs its own multi-layer architecture trained from
@@ -214,6 +214,6 @@ register(
       shipped.metadata["config"].get("head_depth2", False),
     ),
     tree=block_tree,
-    objective="train.pipeline:peagle_objective",
+    objective="train.objectives.peagle:make",
   )
 )

@@ -8,7 +8,8 @@ the experiment methods (`shipped`, `tree.kind=eagle|heads`, by `tree_kind`) and 
 pipeline look kinds up here instead of listing them.
 
 Adding a trained kind: one drafter module that calls `register(DrafterKind(...))` at import (and is
-imported by `specjax.drafters`), an objective in `train/`, and a `configs/train_<kind>.py`.
+imported by `specjax.drafters`), its objective module `train/objectives/<kind>.py` (the objective
+and its factory `make`), and a `configs/train_<kind>.py`.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class DrafterKind:
       Medusa-style tree over per-depth candidates) or "eagle" (EAGLE-2's dynamic tree).
     head_cfg: whether the shipped metadata records a layer config (`head_cfg`).
     objective: "module:function" of the training objective factory (o: dict, target cfg) ->
-      objective, or "" for a kind nothing trains.
+      objective ("train.objectives.<kind>:make"), or "" for a kind nothing trains.
   """
 
   name: str
