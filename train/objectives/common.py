@@ -3,8 +3,6 @@ terms, warm starts from shipped drafters and the parallel kinds' mask embeddings
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,6 +89,3 @@ def mask_embeddings(frozen: dict, k: int) -> jax.Array:
   vocabulary."""
   mean = jnp.mean(frozen["embed"][frozen["d2t"]].astype(jnp.float32), 0)
   return jnp.tile(mean[None], (k - 1, 1))
-
-
-Objective = Any  # one of the kinds' objectives (`train.objectives.<kind>`)
