@@ -26,7 +26,7 @@ from specjax.integrity import (
   write_json_atomic,
 )
 from specjax.loading.hf import save_hf
-from train import features, pipeline
+from train import feature_cache, features, pipeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,7 +64,7 @@ def small_config(target: str, cache_dir, **features_spec):
 
 def build(config, params, cfg):
   s = pipeline.settings_from_config(config)
-  return pipeline.ensure_features(s, params, cfg, None, lambda _: None)
+  return feature_cache.ensure_features(s, params, cfg, None, lambda _: None)
 
 
 def test_a_cache_of_another_target_is_refused(targets, tmp_path):

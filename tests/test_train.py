@@ -36,6 +36,7 @@ from specjax.speculative import speculative_generate
 from train import (
   corpus,
   decontam,
+  feature_cache,
   features,
   loop,
   pipeline,
@@ -69,7 +70,7 @@ def tiny(tmp_path_factory):
   save_hf(str(root / "target"), params, cfg)
   config = tiny_config("train_medusa", root)
   s = pipeline.settings_from_config(config)
-  store, manifest = pipeline.ensure_features(s, params, cfg, None, lambda _: None)
+  store, manifest = feature_cache.ensure_features(s, params, cfg, None, lambda _: None)
   return root, params, cfg, store, manifest
 
 
@@ -1095,7 +1096,7 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   assert recorded["sha256"] == corpus.read_meta(path)["sha256"]
   # The run read through exactly the document prefixes its steps and its evaluation use.
   s = pipeline.settings_from_config(config)
-  need = positions_read(s.train, *pipeline._windows(store, s, True))
+  need = positions_read(s.train, *feature_cache._windows(store, s, True))
   assert store.read_lens.tolist() == need.tolist() and need.sum() < store.n_positions
   # A run on later steps reads what it adds, and only that; here one document per read-through
   # batch (data.read_batch_tokens, the tokens a batch holds: 4,096 by default).
@@ -1105,7 +1106,7 @@ def test_training_on_a_packed_corpus(tiny, tmp_path):
   pipeline.run(config, str(tmp_path / "w_later"), lines.append)
   more = FeatureStore.open(str(tmp_path / "features" / "packed")).read_lens
   later = positions_read(
-    pipeline.settings_from_config(config).train, *pipeline._windows(store, s, True)
+    pipeline.settings_from_config(config).train, *feature_cache._windows(store, s, True)
   )
   assert (more == np.maximum(need, later)).all() and more.sum() > need.sum()
   n_more = int((later > need).sum())

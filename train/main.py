@@ -7,7 +7,7 @@ training prompts greedily; resumable, shared by every drafter kind); training th
 cache. Rerunning the same command after a crash or kill resumes from the last checkpoint with the
 same data order. `--features_only` stops after the cache is built; `--stop_after=N` after N steps.
 Override any field with --config.FIELD=VALUE (e.g. --config.train.steps=200). The logic lives in
-`train.pipeline`; this file only wires flags to it.
+`train.pipeline` (the feature cache in `train.feature_cache`); this file only wires flags to it.
 """
 
 import errno
@@ -65,7 +65,7 @@ def _main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   from specjax.loading.registry import load_model
-  from train import pipeline
+  from train import feature_cache, pipeline
 
   config = _CONFIG.value
   if not config.target:
@@ -73,7 +73,7 @@ def _main(argv):
   if _FEATURES_ONLY.value:
     s = pipeline.settings_from_config(config)
     params, cfg, tok = load_model(s.target)
-    store, _ = pipeline.ensure_features(s, params, cfg, tok, log)
+    store, _ = feature_cache.ensure_features(s, params, cfg, tok, log)
     log(f"feature cache ready: {store.n_positions} positions in {len(store.doc_lens)} documents")
     return
   os.makedirs(_WORKDIR.value, exist_ok=True)

@@ -68,7 +68,7 @@ def heldout_setup(config):
   import jax
 
   from specjax.drafters.shipped import read_metadata
-  from train import pipeline
+  from train import feature_cache, pipeline
 
   name = config.ship.name
   config.objective.init_from = name
@@ -83,14 +83,14 @@ def heldout_setup(config):
       f"(init_from), so {name!r} cannot be loaded for scoring; rescoring supports the kinds that "
       "continue one (eagle, medusa, peagle)"
     )
-  store, manifest = pipeline.ensure_features(s, params, tcfg, tok, log)
+  store, manifest = feature_cache.ensure_features(s, params, tcfg, tok, log)
   if manifest.get("corpus") != meta["data"].get("corpus"):
     raise ValueError(
       f"{name} was trained on corpus {meta['data'].get('corpus')}, the config reads "
       f"{manifest.get('corpus')}: its held-out windows would not be the ones it was scored on"
     )
   fused = bool(getattr(objective, "fuse_layers", ()))
-  _, _, _, eval_w = pipeline.windows_read(s, store, manifest, fused, tcfg, params, log)
+  _, _, _, eval_w = feature_cache.windows_read(s, store, manifest, fused, tcfg, params, log)
   source = s.objective.get("base") or name  # a drafter that extends another keeps its vocabulary
   d2t = pipeline.shipped_vocabulary(source, params, tcfg, s.ship_dir)
   key = jax.random.PRNGKey(s.train.seed)  # unused by a warm start; init takes one
