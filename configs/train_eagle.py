@@ -12,7 +12,7 @@ step 100), 500 steps on steps 300-799 (0.420), and 400 steps with a 3-step train
 2180-2579 again: depth 1 0.420 -> 0.41, chained depths 2 / 3 0.094 / 0.013 -> 0.15 / 0.05.
 
 A run first reads through the target the corpus documents its steps use that the shared feature
-cache lacks (~500 positions/s on 2 cores: ~35 min for 500 new steps).
+cache lacks (~620 positions/s on 2 cores: 31 min for 500 new steps).
 
 Commands (from the repository root):
 
