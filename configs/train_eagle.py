@@ -2,14 +2,16 @@
 and the next token's embedding, feature regression + distillation through the target's LM head
 (restricted to the draft vocabulary), on the target's own responses (the committed corpus v2).
 
-The shipped head was trained in four stages (batch 4 x 512, seed 0's data order; held-out
-figures on v2's held-out documents; RESULTS.md, fifteenth and thirty-sixth sessions):
-`:scratch`, 300 steps from random weights at lr 1e-3 (top-1 0.343), then this config's
-continuation three times, each from the head shipped before it (`objective.init_from`): 400 steps
+The shipped head was trained in six stages (batch 4 x 512, seed 0's data order; held-out
+figures on v2's held-out documents; RESULTS.md, fifteenth, thirty-sixth and thirty-seventh
+sessions): `:scratch`, 300 steps from random weights at lr 1e-3 (top-1 0.343), then this config's
+continuation five times, each from the head shipped before it (`objective.init_from`): 400 steps
 on steps 2180-2579 at lr 3e-4 (0.384; at 1e-3 the restart fell to 0.27 and had not recovered by
-step 100), 500 steps on steps 300-799 (0.420), and 400 steps with a 3-step training-time test
-(`objective.steps = 3`, the head unrolled on its own outputs as EAGLE-3/HASS train) over steps
-2180-2579 again: depth 1 0.420 -> 0.41, chained depths 2 / 3 0.094 / 0.013 -> 0.15 / 0.05.
+step 100), 500 steps on steps 300-799 (0.420), then, with a 3-step training-time test
+(`objective.steps = 3`, the head unrolled on its own outputs as EAGLE-3/HASS train), 400 steps
+over steps 2180-2579 again (depth 1 0.415, chained depths 2 / 3 0.094 / 0.013 -> 0.147 / 0.053),
+400 on steps 800-1199 (step 300 kept: 0.431, 0.177 / 0.071) and 500 over steps 300-799 again
+(0.454, 0.195 / 0.081; still rising at its last step).
 
 A run first reads through the target the corpus documents its steps use that the shared feature
 cache lacks (~620 positions/s on 2 cores: 31 min for 500 new steps).
@@ -47,9 +49,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     return config
   # Continue the shipped head: 400 steps at lr 3e-4 (~2.5 s/step with 3 unrolled steps), scored
   # first so that a run whose steps never beat it ships nothing. Its stages read batch-4 steps
-  # 0-799 and 2180-2579 of seed 0's data order; read on from there.
+  # 0-1199 and 2180-2579 of seed 0's data order; read on from there.
   config.objective.init_from = "eagle1-smollm2-135m"
-  config.train.update(dict(steps=400, lr=3e-4, data_start=800, score_start=True))
+  config.train.update(dict(steps=400, lr=3e-4, data_start=1200, score_start=True))
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.init_from = ""

@@ -10,7 +10,12 @@ unread by them; the default reads on from step 1800. `:scratch` trains heads fro
 on v2 with the first stage's settings (lr 2e-3). `:fused` continues them with target layers 2, 15
 and 27 fused into their input, shipped as `medusa4f-smollm2-135m` (held-out chain tau 1.441 ->
 1.482 at step 350, against 1.459 for the plain heads on the same steps; benchmarks/RESULTS.md,
-thirty-fifth session).
+thirty-fifth session), then continued 750 steps on steps 450-1199 (flat: 1.46-1.50 at every
+evaluation, 1.497 kept; thirty-seventh session) by
+
+  python train/main.py --config=configs/train_medusa.py:fused --workdir=/tmp/medusa_f2 \
+    --config.objective.init_from=medusa4f-smollm2-135m --config.train.data_start=450 \
+    --config.train.steps=750 --config.train.lr=3e-4 --config.train.score_start=True
 
 Commands (from the repository root):
 
