@@ -2,16 +2,17 @@
 and the next token's embedding, feature regression + distillation through the target's LM head
 (restricted to the draft vocabulary), on the target's own responses (the committed corpus v2).
 
-The shipped head was trained in six stages (batch 4 x 512, seed 0's data order; held-out
+The shipped head was trained in seven stages (batch 4 x 512, seed 0's data order; held-out
 figures on v2's held-out documents; RESULTS.md, fifteenth, thirty-sixth and thirty-seventh
 sessions): `:scratch`, 300 steps from random weights at lr 1e-3 (top-1 0.343), then this config's
-continuation five times, each from the head shipped before it (`objective.init_from`): 400 steps
+continuation six times, each from the head shipped before it (`objective.init_from`): 400 steps
 on steps 2180-2579 at lr 3e-4 (0.384; at 1e-3 the restart fell to 0.27 and had not recovered by
 step 100), 500 steps on steps 300-799 (0.420), then, with a 3-step training-time test
 (`objective.steps = 3`, the head unrolled on its own outputs as EAGLE-3/HASS train), 400 steps
 over steps 2180-2579 again (depth 1 0.415, chained depths 2 / 3 0.094 / 0.013 -> 0.147 / 0.053),
-400 on steps 800-1199 (step 300 kept: 0.431, 0.177 / 0.071) and 500 over steps 300-799 again
-(0.454, 0.195 / 0.081; still rising at its last step).
+400 on steps 800-1199 (step 300 kept: 0.431, 0.177 / 0.071), 500 over steps 300-799 again
+(0.454, 0.195 / 0.081) and 400 over steps 2180-2579 a third time (0.453, 0.208 / 0.092; still
+rising at its last step).
 
 A run first reads through the target the corpus documents its steps use that the shared feature
 cache lacks (~620 positions/s on 2 cores: 31 min for 500 new steps).
