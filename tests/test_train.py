@@ -36,6 +36,7 @@ from specjax.speculative import speculative_generate
 from train import (
   corpus,
   decontam,
+  export,
   feature_cache,
   features,
   loop,
@@ -387,6 +388,7 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   start = meta["continued_from"]  # what it started from is recorded with the drafter
   assert (start["name"], start["sha256"]) == ("tiny-eagle3", shipped.metadata["sha256"])
   assert start["training"]["steps"] == 40 and start["heldout"]["simulated_tau"] > 1
+  assert [(r["name"], r["sha256"]) for r in meta["stages"]] == [(start["name"], start["sha256"])]
   # It re-read the windows of the head's 40 steps (data_start 0): the run says so, and how to not.
   assert any("steps 0-39 of this data" in m and "data_start=40" in m for m in logs), logs
   s = pipeline.settings_from_config(config).train
@@ -404,6 +406,21 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
   note = pipeline.reread_note(twice, manifest, dataclasses.replace(s, data_start=50, steps=5))
   assert note is not None and "0-39, 40-59" in note and "data_start=60" in note
   assert pipeline.reread_note(twice, manifest, dataclasses.replace(s, data_start=60)) is None
+  # A third stage (steps 60-69) still knows the first one's steps, though `continued_from` keeps
+  # only the second: `stages` carries the whole lineage, oldest first.
+  third = {
+    **twice,
+    "training": {**twice["training"], "data_start": 60, "steps": 10, "steps_done": 10},
+    "continued_from": twice,
+    "stages": export.lineage(twice),
+  }
+  assert [r["training"]["data_start"] for r in export.lineage(third)] == [0, 40, 60]
+  note = pipeline.reread_note(third, manifest, dataclasses.replace(s, data_start=5, steps=5))
+  assert note is not None and "0-39, 40-59, 60-69" in note and "data_start=70" in note
+  # Metadata written before `stages` existed gives the stage it continued and itself.
+  legacy = {k: v for k, v in twice.items() if k != "stages"}
+  old_stages = [shipped.metadata["sha256"], meta["sha256"]]
+  assert [r["sha256"] for r in export.lineage(legacy)] == old_stages
   # A time-boxed run that planned 20 steps but stopped after 5 read only steps 40-44.
   boxed = {**twice, "training": {**twice["training"], "steps_done": 5}}
   assert "40-44" in pipeline.reread_note(boxed, manifest, dataclasses.replace(s, data_start=42))

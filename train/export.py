@@ -25,6 +25,33 @@ def objective_config(objective) -> dict:
   return out
 
 
+# What says which data order a stage read.
+STAGE_DATA = ("target_weights", "corpus", "recipe", "spec")
+
+
+def stage_record(meta: dict) -> dict:
+  """One training stage of a drafter, compact: its name and sha256, the data it read (without the
+  read-through logs), its training settings and held-out metrics."""
+  data = meta.get("data") or {}
+  return {
+    "name": meta.get("name"),
+    "sha256": meta.get("sha256"),
+    "data": {k: data.get(k) for k in STAGE_DATA},
+    "training": meta.get("training"),
+    "heldout": meta.get("heldout"),
+  }
+
+
+def lineage(old: dict) -> list[dict]:
+  """Every stage a drafter continued from `old` (the metadata of the head it starts from) descends
+  from, oldest first, ending with `old` itself. Heads shipped before this record existed give only
+  the stage they continued (`continued_from`)."""
+  before = old.get("stages")
+  if before is None:
+    before = [stage_record(old["continued_from"])] if old.get("continued_from") else []
+  return [*before, stage_record(old)]
+
+
 def check_shippable(objective) -> None:
   """Raises a ValueError for an objective whose trained part cannot stand alone: a parallel
   drafter (an objective with a `base` field) trained over an unshipped initialisation."""
@@ -81,6 +108,7 @@ def export_drafter(
     extra = {
       **extra,
       "continued_from": {k: old.get(k) for k in ("name", "sha256", "data", "training", "heldout")},
+      "stages": lineage(old),
     }
   meta = {
     "name": name,

@@ -222,16 +222,17 @@ def steps_done(metrics_path: str) -> int:
 
 def reread_note(old: dict, manifest: dict, t: TrainSettings) -> str | None:
   """A note when this run's data order repeats windows that the shipped head it continues (`old`,
-  its metadata) trained on, or the head that one continued (`old["continued_from"]`): same data,
+  its metadata) trained on, or any stage it descends from (`train.export.lineage`): same data,
   seed and window length, overlapping windows (step s at batch B reads windows sB..(s+1)B - 1 of
   one seeded stream, `train.data.step_windows`, so runs at other batch sizes overlap too; ranges
   are given in this run's steps). None when the run reads only windows they have not seen, or when
   their orders differ from this run's."""
+  from train.export import STAGE_DATA, lineage
+
   seen = []
-  for m in (old, old.get("continued_from") or {}):
+  for m in lineage(old):
     data, was = m.get("data") or {}, m.get("training") or {}
-    keys = ("target_weights", "corpus", "recipe", "spec")
-    if not was or any(data.get(k) != manifest.get(k) for k in keys):
+    if not was or any(data.get(k) != manifest.get(k) for k in STAGE_DATA):
       continue
     if any(was.get(k) != getattr(t, k) for k in ("seed", "seq_len")):
       continue
