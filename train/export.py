@@ -43,9 +43,9 @@ def stage_record(meta: dict) -> dict:
 
 
 def lineage(old: dict) -> list[dict]:
-  """Every stage a drafter continued from `old` (the metadata of the head it starts from) descends
-  from, oldest first, ending with `old` itself. Heads shipped before this record existed give only
-  the stage they continued (`continued_from`)."""
+  """The stages behind a drafter continued from `old` (the metadata of the head it starts from):
+  every stage `old` descends from, oldest first, then `old` itself. A head shipped before this
+  record existed gives only the stage it continued (`continued_from`)."""
   before = old.get("stages")
   if before is None:
     before = [stage_record(old["continued_from"])] if old.get("continued_from") else []
