@@ -1,4 +1,5 @@
-"""Shared fixtures: the real SmolLM2 target (loaded once per session) and its GGUF file."""
+"""Shared fixtures: the real SmolLM2 target (loaded once per session), its GGUF file, and a batch
+of chat prompts with its AR greedy reference."""
 
 from __future__ import annotations
 
@@ -34,3 +35,56 @@ def smollm2() -> LoadedModel:
   except registry.ModelUnavailableError as e:
     pytest.skip(f"SmolLM2 is not cached and could not be downloaded: {e}")
   return LoadedModel(params, cfg, tok, path)
+
+
+CHAT_QUESTIONS = [
+  "What is the capital of France?",
+  "Write a Python function that returns the sum of a list of numbers.",
+  "Repeat after me: the quick brown fox jumps over the lazy dog. The quick brown fox",
+  "List three colors.",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatBatch:
+  """Right-padded chat prompts of unequal lengths, their settings and the AR greedy reference.
+
+  Attributes:
+    prompts: [B, Tp] right-padded token ids.
+    lens: [B] prompt lengths (unequal).
+    gen: 32 new tokens, stopping at the chat's stop tokens.
+    ar_tokens: [B, 32] AR greedy tokens.
+    ar_lens: [B] how many tokens each row emitted (unequal).
+    draft_params, draft_cfg: a real draft sharing the target's vocabulary (its first 4 layers,
+      final norm and LM head).
+  """
+
+  prompts: object
+  lens: object
+  gen: object
+  ar_tokens: object
+  ar_lens: object
+  draft_params: object
+  draft_cfg: object
+
+
+@pytest.fixture(scope="session")
+def smollm2_chat(smollm2) -> ChatBatch:
+  """`CHAT_QUESTIONS` as a batch, decoded greedily by AR once per session."""
+  import jax
+  import numpy as np
+
+  from specjax.generate import GenerateConfig, generate, pad_prompts
+
+  tok = smollm2.tokenizer
+  prompts = [tok.encode_chat([{"role": "user", "content": q}]) for q in CHAT_QUESTIONS]
+  P, L = pad_prompts(prompts, bucket=32)
+  gen = GenerateConfig(max_new_tokens=32, stop_tokens=tok.stop_ids)
+  ar = generate(smollm2.params, smollm2.cfg, P, L, gen)
+  lengths = np.asarray(ar.lengths)
+  assert len(set(np.asarray(L).tolist())) > 1 and lengths.min() < lengths.max() <= 32
+  layers = jax.tree.map(lambda a: a[:4], smollm2.params.layers)
+  draft = dataclasses.replace(smollm2.params, layers=layers)
+  return ChatBatch(
+    P, L, gen, np.asarray(ar.tokens), lengths, draft, smollm2.cfg.replace(n_layers=4)
+  )
