@@ -15,7 +15,6 @@ Every figure is printed with the load average (it counts only at <= 2.5 on the 2
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
@@ -28,6 +27,7 @@ import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from specjax.experiment.costs import median_time  # noqa: E402
+from specjax.experiment.settings import load_config_file  # noqa: E402
 from specjax.loading.registry import load_model  # noqa: E402
 from train import pipeline  # noqa: E402
 from train.data import Batch  # noqa: E402
@@ -46,13 +46,6 @@ CONFIGS = {
 }
 _KINDS = flags.DEFINE_list("kinds", list(CONFIGS), "Objectives to time.")
 _REPEATS = flags.DEFINE_integer("repeats", 5, "Timed calls per figure (median).")
-
-
-def load_config(name: str):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config("")
 
 
 def random_batch(key, B: int, T: int, D: int, n_layers: int, vocab: int) -> Batch:
@@ -74,7 +67,9 @@ def load() -> str:
 
 def time_kind(kind: str, params, tcfg, repeats: int) -> str:
   """One line: step, forward and distillation-target seconds of `kind`'s configured batch."""
-  s = pipeline.settings_from_config(load_config(CONFIGS[kind]))
+  s = pipeline.settings_from_config(
+    load_config_file(os.path.join(REPO, "configs", f"{CONFIGS[kind]}.py"))
+  )
   objective = pipeline.make_objective(s.objective, tcfg)
   trainable, frozen = objective.init(
     jax.random.PRNGKey(0), params, tcfg, np.arange(s.data.draft_vocab)

@@ -40,7 +40,11 @@ from specjax.experiment.runner import (
   skipped_records,
   skipped_summary,
 )
-from specjax.experiment.settings import parse_method_entry, settings_from_config
+from specjax.experiment.settings import (
+  load_config_file,
+  parse_method_entry,
+  settings_from_config,
+)
 from specjax.experiment.tasks import (
   DEFAULT_SOURCE,
   SPEC_BENCH_CATEGORIES,
@@ -109,11 +113,7 @@ LEVIATHAN_METHODS = ["prompt_lookup.py", "draft_model.py:draft_lm2", "eagle.py:e
 def load_config(spec: str, overrides: dict):
   """`configs/FILE` get_config(ARG) with `overrides` ({"drafter.k": 8, ...}) applied."""
   name, _, arg = spec.partition(":")
-  path = os.path.join(CONFIGS, name)
-  module_spec = importlib.util.spec_from_file_location(name[:-3], path)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  config = module.get_config(arg)
+  config = load_config_file(os.path.join(CONFIGS, name), arg)
   for key, value in overrides.items():
     node = config
     *parents, leaf = key.split(".")

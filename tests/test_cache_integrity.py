@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,6 +17,7 @@ import numpy as np
 import pytest
 from toy_models import tiny_model
 
+from specjax.experiment.settings import load_config_file
 from specjax.integrity import (
   CacheError,
   differences,
@@ -32,10 +32,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(name: str, arg: str = "tiny"):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config_file(os.path.join(REPO, "configs", f"{name}.py"), arg)
 
 
 @pytest.fixture(scope="module")

@@ -545,3 +545,14 @@ def test_method_entries_with_overrides():
     parse_method_entry("eagle.py@drafter.k")
   with pytest.raises(ValueError, match="not a Python literal"):
     parse_method_entry("eagle.py@drafter.k=two")
+
+
+def test_config_files_load_with_and_without_an_argument(tmp_path):
+  from specjax.experiment.settings import load_config_file
+
+  eagle = os.path.join(REPO, "configs", "eagle.py")
+  assert load_config_file(eagle).drafter.shipped == "eagle1-smollm2-135m"  # the default argument
+  assert load_config_file(eagle, "eagle3,small").drafter.shipped == "eagle3-smollm2-135m"
+  assert load_config_file(eagle, "eagle3,small").max_new_tokens == 64
+  with pytest.raises(FileNotFoundError, match="no config file .*nope.py"):
+    load_config_file(str(tmp_path / "nope.py"))

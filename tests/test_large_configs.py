@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import math
 import pathlib
 
@@ -11,6 +10,7 @@ import jax
 import pytest
 
 from specjax import deploy
+from specjax.experiment.settings import load_config_file
 from specjax.sharding import param_specs
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / "configs" / "large"
@@ -18,10 +18,7 @@ GiB = 2**30
 
 
 def load(name: str):
-  spec = importlib.util.spec_from_file_location(name, CONFIGS / f"{name}.py")
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+  return load_config_file(str(CONFIGS / f"{name}.py"))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import json
 import os
 import shutil
@@ -25,6 +24,7 @@ from specjax.drafters.eagle import head_logits
 from specjax.drafters.medusa import medusa_logits
 from specjax.drafters.peagle import first_tokens
 from specjax.drafters.shipped import ShippedDrafterError, load_shipped
+from specjax.experiment.settings import load_config_file
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
 from specjax.integrity import CacheError, sole_writer, weights_fingerprint
 from specjax.kv_cache import init_cache
@@ -57,10 +57,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(name: str, arg: str = "tiny"):
-  spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(arg)
+  return load_config_file(os.path.join(REPO, "configs", f"{name}.py"), arg)
 
 
 @pytest.fixture(scope="module")

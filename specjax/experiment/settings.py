@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import os
 
 import ml_collections
@@ -308,6 +309,22 @@ def apply_variant(config: ml_collections.ConfigDict, arg: str) -> ml_collections
     config.data.per_category = 2
     config.max_new_tokens = 64
   return config
+
+
+def load_config_file(path: str, arg: str = "") -> ml_collections.ConfigDict:
+  """The config a file under `configs/` defines, read as ml_collections' `--config=PATH:ARG` flag
+  reads it: `get_config(arg)`, or `get_config()` when there is no argument.
+
+  Raises:
+    FileNotFoundError: naming the path, when there is no such file.
+  """
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"no config file {path!r}")
+  name = os.path.splitext(os.path.basename(path))[0]
+  spec = importlib.util.spec_from_file_location(name, path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()
 
 
 def parse_method_entry(entry: str) -> tuple[str, dict]:
