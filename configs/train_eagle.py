@@ -2,10 +2,10 @@
 and the next token's embedding, feature regression + distillation through the target's LM head
 (restricted to the draft vocabulary), on the target's own responses (the committed corpus v2).
 
-The shipped head was trained in ten stages (batch 4 x 512, seed 0's data order; held-out
-figures on v2's held-out documents; RESULTS.md, fifteenth and thirty-sixth to thirty-eighth
+The shipped head was trained in thirteen stages (batch 4 x 512, seed 0's data order; held-out
+figures on v2's held-out documents; RESULTS.md, fifteenth and thirty-sixth to thirty-ninth
 sessions): `:scratch`, 300 steps from random weights at lr 1e-3 (top-1 0.343), then this config's
-continuation nine times, each from the head shipped before it (`objective.init_from`): 400 steps
+continuation twelve times, each from the head shipped before it (`objective.init_from`): 400 steps
 on steps 2180-2579 at lr 3e-4 (0.384; at 1e-3 the restart fell to 0.27 and had not recovered by
 step 100), 500 steps on steps 300-799 (0.420), then, with a 3-step training-time test
 (`objective.steps = 3`, the head unrolled on its own outputs as EAGLE-3/HASS train), 400 steps
@@ -13,13 +13,16 @@ over steps 2180-2579 again (depth 1 0.415, chained depths 2 / 3 0.094 / 0.013 ->
 400 on steps 800-1199 (step 300 kept: 0.431, 0.177 / 0.071), 500 over steps 300-799 again
 (0.454, 0.195 / 0.081), 400 over steps 2180-2579 a third time (0.453, 0.208 / 0.092), then 400
 each on steps 1200-1599 (0.469, 0.225 / 0.102) and 1600-1999 (0.481, 0.221 / 0.104), unread
-before, and 400 on steps 2000-2399, the first epoch's last windows and the second's first (step
-350 kept: 0.496, 0.245 / 0.129, chain tau 1.937; still rising). It has now read every window of
-v2 at least once.
+before, 400 on steps 2000-2399, the first epoch's last windows and the second's first (step
+350 kept: 0.496, 0.245 / 0.129, chain tau 1.937), then 400 each on steps 2580-2979 (step 350
+kept: 0.517, 0.262 / 0.144, 2.002), 2980-3379 (0.528, 0.281 / 0.160, 2.060) and 3380-3779 (step
+350 kept: 0.550, 0.283 / 0.163, 2.089; still rising), second-epoch windows.
 
 A run first reads through the target the corpus documents its steps use that the shared feature
-cache lacks (620-820 positions/s on 2 cores: 20-31 min for 400-500 new steps). Past step 2177
-windows repeat, so a cache that already holds the first epoch's documents needs none.
+cache lacks (500-820 positions/s on 2 cores: 20-31 min for 400-500 steps of unread windows).
+Past step 2177 windows repeat, so a cache that holds the first epoch's documents needs none; one
+that lacks some (the first stage ran on an earlier cache, so that of the thirty-ninth session
+lacked steps 0-299's windows) reads what a stage needs first, 2-4 min per stage there.
 
 Commands (from the repository root):
 
@@ -54,9 +57,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     return config
   # Continue the shipped head: 400 steps at lr 3e-4 (~2.7 s/step with 3 unrolled steps), scored
   # first so that a run whose steps never beat it ships nothing. Its stages read batch-4 steps
-  # 0-2579 of seed 0's data order (2,178 steps per epoch); read on from there.
+  # 0-3779 of seed 0's data order (2,178 steps per epoch); read on from there.
   config.objective.init_from = "eagle1-smollm2-135m"
-  config.train.update(dict(steps=400, lr=3e-4, data_start=2580, score_start=True))
+  config.train.update(dict(steps=400, lr=3e-4, data_start=3780, score_start=True))
   config = apply_variant(config, arg)
   if arg == "tiny":
     config.objective.init_from = ""

@@ -434,6 +434,26 @@ def test_an_eagle_head_continues_from_a_shipped_one(tiny, ship, tmp_path):
     )
 
 
+@pytest.mark.parametrize("name", ["train_eagle", "train_eagle3", "train_medusa", "train_peagle"])
+def test_continuing_configs_read_past_their_shipped_heads(name):
+  """Each config that continues a shipped drafter starts at a step of the data order that
+  neither that drafter nor any stage it descends from trained on (its `data_start` moves on
+  whenever a new stage ships)."""
+  from specjax.drafters.shipped import read_metadata
+
+  s = pipeline.settings_from_config(load_config(name, ""))
+  old = read_metadata(s.objective["init_from"])
+  assert os.path.basename(s.data.corpus) == old["data"]["corpus"]["name"]
+  assert pipeline.reread_note(old, old["data"], s.train) is None
+  # The check has teeth: one step earlier than where the last stage stopped repeats it.
+  last = old["training"]
+  stop = last["data_start"] + last.get("steps_done", last["steps"])
+  back = dataclasses.replace(
+    s.train, data_start=stop * last["batch_size"] // s.train.batch_size - 1
+  )
+  assert pipeline.reread_note(old, old["data"], back) is not None
+
+
 def test_an_eagle_head_grows_its_draft_vocabulary_with_the_targets_rows(
   tiny, ship, heldout_ar, tmp_path
 ):
