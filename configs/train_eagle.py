@@ -20,10 +20,10 @@ kept: 0.550, 0.283 / 0.163, 2.089) and 3780-4179 (0.552, 0.295 / 0.171, 2.117; s
 second-epoch windows.
 
 A run first reads through the target the corpus documents its steps use that the shared feature
-cache lacks (500-820 positions/s on 2 cores: 20-31 min for 400-500 steps of unread windows).
+cache lacks (475-820 positions/s on 2 cores: 20-31 min for 400-500 steps of unread windows).
 Past step 2177 windows repeat, so a cache that holds the first epoch's documents needs none; one
 that lacks some (the first stage ran on an earlier cache, so that of the thirty-ninth session
-lacked steps 0-299's windows) reads what a stage needs first, 2-4 min per stage there.
+lacked steps 0-299's windows) reads what a stage needs first, 3-5 min per stage there.
 
 Commands (from the repository root):
 
