@@ -31,10 +31,6 @@ from specjax.speculative import _speculative, speculative_generate
 from specjax.tree_speculative import tree_speculative_generate
 from specjax.trees import StaticTree
 
-# One worker runs this module (`--dist loadgroup`), so that its module fixtures (the toy
-# target, draft and compiled loops) are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("adaptive")
-
 # ---------------------------------------------------------------- estimator and decision
 
 

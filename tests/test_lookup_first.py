@@ -39,10 +39,6 @@ from specjax.model import init_params
 from specjax.sampling import SamplingConfig
 from specjax.speculative import speculative_generate
 
-# One worker runs this module (`--dist loadgroup`), so that its module fixtures (the toy
-# targets and drafters) are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("lookup_first")
-
 
 def test_invalid_settings(target):  # noqa: F811
   model, _ = make_drafter("medusa", *target, 2, np.arange(64))

@@ -39,10 +39,6 @@ from specjax.smc import (
   take_within_groups,
 )
 
-# One worker runs this module (`--dist loadgroup`), so that its module fixtures (the toy
-# targets and the EAGLE-3 head) are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("smc")
-
 _FAKE = int(os.environ.get("SPECJAX_FAKE_DEVICES", "0"))
 if _FAKE:  # before anything initialises a backend
   jax.config.update("jax_num_cpu_devices", _FAKE)

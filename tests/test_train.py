@@ -53,10 +53,6 @@ from train.loop import evaluate, make_optimizer, positions_read, read_metrics, s
 from train.losses import depth_agreement, rank_agreement
 from train.objectives.eagle import EagleObjective
 
-# One worker runs this module (`--dist loadgroup`), so that its module fixtures (the tiny
-# target, its feature cache and the drafters it trains) are built once, not once per worker.
-pytestmark = pytest.mark.xdist_group("train")
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
