@@ -60,6 +60,9 @@ _LANGUAGES = {
   "Dutch": "de het een en is van dat die niet op te zijn met voor er maar ook als ik je wij",
 }
 _STOPWORDS = {lang: set(words.split()) for lang, words in _LANGUAGES.items()}
+_LANGUAGES_OF = {
+  w: [lang for lang, sw in _STOPWORDS.items() if w in sw] for w in set().union(*_STOPWORDS.values())
+}
 _ENGLISH = {"the", "and", "is", "of", "to", "in", "you", "that", "there", "are", "with", "have"}
 _WORD = re.compile(r"[^\W\d_]+")
 _SENTENCE = re.compile(r"[^.!?\n]+[.!?]")
@@ -86,7 +89,11 @@ def language(text: str) -> str | None:
   words = [w.lower() for w in _WORD.findall(text)]
   if len(words) < 12:
     return None
-  share = {lang: sum(w in sw for w in words) / len(words) for lang, sw in _STOPWORDS.items()}
+  hits = dict.fromkeys(_STOPWORDS, 0)
+  for w in words:  # one lookup per word, not one per word and language
+    for lang in _LANGUAGES_OF.get(w, ()):
+      hits[lang] += 1
+  share = {lang: n / len(words) for lang, n in hits.items()}
   best = max(share, key=share.get)
   return best if share[best] >= 0.15 and _english_share(words) < 0.05 else None
 
