@@ -698,6 +698,14 @@ def test_a_parallel_drafter_without_a_base_is_refused_before_training(tiny, tmp_
   assert not (tmp_path / "work").exists()
 
 
+def test_a_continuation_whose_start_is_not_in_ship_dir_is_refused_before_reading(tmp_path):
+  pipeline.check_sources({"init_from": "eagle3-smollm2-135m"}, "")  # the package's shipped dir
+  with pytest.raises(ValueError, match=r"objective.init_from='eagle3-smollm2-135m'.*copy"):
+    pipeline.check_sources({"init_from": "eagle3-smollm2-135m"}, str(tmp_path))
+  with pytest.raises(ValueError, match=r"objective.base='draft-lm2-smollm2-135m'"):
+    pipeline.check_sources({"base": "draft-lm2-smollm2-135m"}, str(tmp_path))
+
+
 def test_shipped_loader_verifies_checksum_target_and_shapes(tiny, ship):
   root, params, cfg = tiny[:3]
   directory = root / "shipped"

@@ -209,6 +209,25 @@ def shipped_vocabulary(name: str, params, tcfg, shipped_dir: str = "") -> np.nda
   return np.asarray(load_shipped(name, params, tcfg, shipped_dir or SHIPPED_DIR).params.d2t)
 
 
+def check_sources(objective: dict, ship_dir: str) -> None:
+  """Raises a ValueError, before any read-through, when a shipped drafter the objective continues
+  or extends (`objective.init_from`, `objective.base`) is not in `ship_dir`, where a run reads it
+  (and writes the drafter it trains)."""
+  from specjax.drafters.shipped import SHIPPED_DIR, list_shipped
+
+  directory = ship_dir or SHIPPED_DIR
+  present = list_shipped(directory)
+  for field in ("init_from", "base"):
+    name = objective.get(field)
+    if name and name not in present:
+      raise ValueError(
+        f"objective.{field}={name!r} is read from ship.dir ({directory}), which holds "
+        f"{present or 'no drafters'}: a run reads the drafter it starts from in ship.dir and "
+        f"writes the one it trains there; copy {name}.json and {name}.safetensors (and those of "
+        "a drafter it extends) into it from specjax/drafters/shipped/"
+      )
+
+
 def train_seconds(metrics_path: str) -> float:
   """Seconds spent in optimizer steps (last record of each step; compile time included once)."""
   per_step = {r["step"]: r["step_s"] for r in read_metrics(metrics_path) if "step_s" in r}
@@ -260,6 +279,7 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
   s = settings_from_config(config)
   params, tcfg, tok = load_model(s.target)
   objective = make_objective(s.objective, tcfg)
+  check_sources(s.objective, s.ship_dir)
   if s.ship_name:  # before the features and the training, not after them
     from train.export import check_shippable
 
