@@ -81,17 +81,23 @@ ADAPTIVE = {"adaptive": True, "adaptive_ks": "0,2,3,4"}  # in-loop adaptive K (s
 # EAGLE-2 tree of 6 nodes (top-2, depth 3): on a 2-core CPU, where verifying 16 nodes costs ~2.6
 # AR steps, the fastest of the shapes `benchmarks/trees.py --dynamic` compared (RESULTS.md).
 SMALL_TREE = {"tree.top_k": 2, "tree.depth": 3, "tree.n_nodes": 6}
+# The block drafters' fastest shapes here (RESULTS.md, twenty-eighth to thirty-third sessions):
+# P-EAGLE as a 4-node tree (top-2 at depth 1, the first's top-1 at depth 2), PARD as a K = 4 chain.
+BLOCK_TREE = {"tree.n_nodes": 4, "tree.depth": 2}
 SPEC_BENCH_METHODS = [  # (config spec, overrides)
   ("prompt_lookup.py", {}),
   ("draft_model.py:draft_lm2", {}),
   ("medusa.py:chain", {}),
   ("medusa.py:tree", {}),
   ("eagle.py:eagle1", {}),
+  ("eagle.py:eagle1", {"drafter.k": 3}),
   ("eagle.py:eagle3", {}),
   ("eagle.py:eagle3", {"drafter.k": 2}),
   ("eagle.py:eagle2", {}),
   ("eagle.py:eagle3_tree", {}),
   ("eagle.py:eagle3_tree", SMALL_TREE),
+  ("parallel.py:peagle_tree", BLOCK_TREE),
+  ("parallel.py:pard", {"drafter.k": 4}),
   ("trees.py:dynamic", {}),
   ("suffix.py:tree", {}),
   ("suffix.py:chain", {}),
@@ -124,7 +130,8 @@ def load_config(spec: str, overrides: dict):
 
 
 def method_specs(table: str) -> list[tuple[str, dict]]:
-  """(config spec, overrides) per method of `table`; EAGLE-3 only when its head is shipped."""
+  """(config spec, overrides) per method of `table`; EAGLE-3 and the block drafters only when
+  their weights are shipped."""
   shipped = list_shipped()
   if _METHODS.value:
     return [parse_method_entry(m) for m in _METHODS.value]
@@ -132,6 +139,8 @@ def method_specs(table: str) -> list[tuple[str, dict]]:
     "eagle.py:eagle3": "eagle3-smollm2-135m" in shipped,
     "eagle.py:eagle3_tree": "eagle3-smollm2-135m" in shipped,
     "eagle.py:eagle2": importlib.util.find_spec("specjax.drafters.tree_eagle") is not None,
+    "parallel.py:peagle_tree": "peagle-smollm2-135m" in shipped,
+    "parallel.py:pard": "pard-smollm2-135m" in shipped,
   }
   if table != "leviathan":
     return [(s, o) for s, o in SPEC_BENCH_METHODS if available.get(s, True)]
