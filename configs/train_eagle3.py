@@ -28,13 +28,19 @@ had fallen to 2.985 by step 25 (stopped). The default reads on from batch-32 ste
 `--config.objective.grow_vocab=16384` (the draft vocabulary grown with the target's own rows,
 frozen) trained 100 steps at batch 16 over re-read windows: held-out 3.084 -> 3.152, but on
 Spec-Bench tau 2.26 -> 2.27 and 4-5% slower, so it was not shipped (RESULTS.md, thirty-fourth
-session).
+session). An eleventh stage (forty-third session, an Emerald Rapids CPU, 39.6 s/step) read
+batch-32 steps 347-386 with these settings and `train.steps=40`: 3.083 -> 3.081 at step 20 ->
+3.097 at step 40 (openings 2.086 -> 2.089), but on Spec-Bench at 256 tokens K = 4 kept tau 2.26
+(accept@1 0.557 -> 0.563, paired speed 1.007 [0.992, 1.022]), so it was not shipped: the
+P-EAGLE drafter pins this head's sha256 and would have to be retrained over it for no measured
+gain. The default still reads on from step 347.
 `:scratch` trains a head from random weights on v2 with the first stage's settings.
 
 A run first reads through the target the corpus documents its steps and evaluation use, up to
 the positions they use, into the feature cache every corpus-trained drafter shares (resumable;
-~1.8M positions for 600 steps on a fresh machine at ~300 positions/s, nothing for what an earlier
-run read).
+~1.8M positions for 600 steps of batch 4 on a fresh machine at ~300 positions/s; 1.1M for 40 steps
+of batch 32 at 780 positions/s, 24 minutes, on the forty-third session's Emerald Rapids; nothing
+for what an earlier run read).
 
 Commands (from the repository root):
 
