@@ -177,6 +177,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   table, workdir = _TABLE.value, _WORKDIR.value
+  plots.preload()  # before the compiles use up the process's memory mappings
   per_category = _PER_CATEGORY.value or (1 if _SMALL.value else 10)
   max_new = _MAX_NEW.value or (32 if _SMALL.value else 128)
   common = {

@@ -315,6 +315,21 @@ def test_plots_have_titles_and_distinct_colours(tmp_path, monkeypatch):
   assert len(line_colours) == len(bar_colours) == 12
 
 
+def test_plots_that_cannot_load_their_libraries_are_reported_not_raised(tmp_path, monkeypatch):
+  from test_experiments import fake_record
+
+  def unmappable(*args):
+    raise OSError("libgomp.so.1: failed to map segment from shared object")
+
+  monkeypatch.setattr(plots, "plot_acceptance", unmappable)
+  monkeypatch.setattr(plots, "write_scalars", unmappable)
+  written = plots.write_plots([fake_record("qa", 1, 10.0, 20.0, 30, 10, 20, 40)], str(tmp_path))
+  assert written == [
+    "(no plots: libgomp.so.1: failed to map segment from shared object)",
+    "(no TensorBoard scalars: libgomp.so.1: failed to map segment from shared object)",
+  ]
+
+
 def test_a_full_disk_keeps_the_records_already_written(target, tmp_path, monkeypatch):
   questions = [{"question_id": i, "category": "qa", "turns": [f"Question {i}?"]} for i in (1, 2, 3)]
   prompts = tasks.load_spec_bench(write_questions(tmp_path / "q.jsonl", questions), ("qa",))

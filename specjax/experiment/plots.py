@@ -11,11 +11,16 @@ suite). Methods get distinct colours from colormaps of up to 20 colours, with a 
 bar hatch) per further group of colours, so no two methods of a run look alike.
 
 matplotlib and tensorboardX are optional (the `plots` extra); without them nothing is written and
-the returned list says why.
+the returned list says why. A run that compiles many programs can use up the process's memory
+mappings (`vm.max_map_count`) before it ends, after which loading those libraries' shared objects
+fails ("OSError: ... failed to map segment from shared object", seen at the end of a 21-method
+Spec-Bench table): `experiments/paper_tables.py` calls `preload` before compiling, and
+`write_plots` reports such a failure instead of raising it.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Sequence
 
@@ -110,6 +115,18 @@ def write_scalars(records: Sequence[dict], logdir: str) -> None:
           w.add_scalar(f"{r['category']}/alpha_at", a, i + 1)
 
 
+def preload() -> None:
+  """Loads matplotlib (Agg) and tensorboardX, when installed, while the process can still map
+  their shared objects."""
+  for name in ("matplotlib", "matplotlib.pyplot", "tensorboardX"):
+    try:
+      module = importlib.import_module(name)
+    except ImportError:
+      return
+    if name == "matplotlib":
+      module.use("Agg")
+
+
 def write_plots(records: Sequence[dict], workdir: str, context: str = "") -> list[str]:
   """Writes the PNGs and TensorBoard scalars into `workdir`; returns what it wrote (or why not).
 
@@ -127,9 +144,13 @@ def write_plots(records: Sequence[dict], workdir: str, context: str = "") -> lis
     out += ["acceptance_per_position.png", "speedup_per_task.png"]
   except ImportError:
     out.append("(no plots: pip install -e '.[plots]')")
+  except OSError as e:
+    out.append(f"(no plots: {e})")
   try:
     write_scalars(records, os.path.join(workdir, "tensorboard"))
     out.append("tensorboard/")
   except ImportError:
     out.append("(no TensorBoard scalars: pip install -e '.[plots]')")
+  except OSError as e:
+    out.append(f"(no TensorBoard scalars: {e})")
   return out
