@@ -277,9 +277,9 @@ def run(config, workdir: str, log: Callable[[str], None] = print, stop_after: in
     (objective, trainable, frozen, held-out metrics, metadata written or None).
   """
   s = settings_from_config(config)
+  check_sources(s.objective, s.ship_dir)
   params, tcfg, tok = load_model(s.target)
   objective = make_objective(s.objective, tcfg)
-  check_sources(s.objective, s.ship_dir)
   if s.ship_name:  # before the features and the training, not after them
     from train.export import check_shippable
 

@@ -122,7 +122,7 @@ def preload() -> None:
     try:
       module = importlib.import_module(name)
     except ImportError:
-      return
+      continue
     if name == "matplotlib":
       module.use("Agg")
 
