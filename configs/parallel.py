@@ -7,7 +7,9 @@ chain of 8. `peagle_tree` / `pard_tree`: the same block as a static Medusa-style
 depth <= 4, each depth's top-ranked tokens, fitted to the drafter's held-out top-1 accuracy per
 depth: `tree_heads.fitted_tree`), verified in one pass by `specjax.tree_speculative`. On a
 2-core CPU a 4-node tree is faster (`tree.n_nodes=4`, `tree.depth=2`: top-2 at depth 1, top-1
-after the first; benchmarks/RESULTS.md, twenty-eighth session).
+after the first; benchmarks/RESULTS.md, twenty-eighth session); with 5 nodes (a second depth-2
+token) its tau reaches the EAGLE-3 K = 4 chain's at 64 tokens and it stays faster than that chain
+(forty-fourth session).
 
 Commands (from the repository root):
 

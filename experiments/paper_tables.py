@@ -84,6 +84,9 @@ SMALL_TREE = {"tree.top_k": 2, "tree.depth": 3, "tree.n_nodes": 6}
 # The block drafters' fastest shapes here (RESULTS.md, twenty-eighth to thirty-third sessions):
 # P-EAGLE as a 4-node tree (top-2 at depth 1, the first's top-1 at depth 2), PARD as a K = 4 chain.
 BLOCK_TREE = {"tree.n_nodes": 4, "tree.depth": 2}
+# P-EAGLE's 5-node tree (a second depth-2 token under the first): its tau reaches EAGLE-3 K = 4's at
+# 64 tokens while it stays faster (issue 13's goal; RESULTS.md, forty-fourth session).
+BLOCK_TREE_5 = {"tree.n_nodes": 5, "tree.depth": 2}
 SPEC_BENCH_METHODS = [  # (config spec, overrides)
   ("prompt_lookup.py", {}),
   ("draft_model.py:draft_lm2", {}),
@@ -97,6 +100,7 @@ SPEC_BENCH_METHODS = [  # (config spec, overrides)
   ("eagle.py:eagle3_tree", {}),
   ("eagle.py:eagle3_tree", SMALL_TREE),
   ("parallel.py:peagle_tree", BLOCK_TREE),
+  ("parallel.py:peagle_tree", BLOCK_TREE_5),
   ("parallel.py:pard", {"drafter.k": 4}),
   ("trees.py:dynamic", {}),
   ("suffix.py:tree", {}),
