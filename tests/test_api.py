@@ -16,38 +16,47 @@ def target(smollm2):
   return Target(smollm2.params, smollm2.cfg, smollm2.tokenizer, "smollm2-135m-instruct")
 
 
-def test_methods_by_name_equal_ar_row_by_row(target):
-  ar = SpeculativeLM(target, "ar", max_new_tokens=24).generate(QUESTIONS)
+@pytest.fixture(scope="module")
+def ar(target):
+  """AR's completions of QUESTIONS, by name, 24 new tokens."""
+  return SpeculativeLM(target, "ar", max_new_tokens=24).generate(QUESTIONS)
+
+
+def test_ar_by_name_gives_texts_and_counts_passes(ar):
   assert [c.metrics.keys() for c in ar] == [{"target_passes"}] * 3
   assert all(c.text and c.tokens for c in ar)
-  cases = [
+
+
+@pytest.mark.parametrize(
+  "method,tree",
+  [
     ("prompt_lookup", False),
     ("eagle3-smollm2-135m", False),
     ("eagle3-smollm2-135m", True),
     ("peagle-smollm2-135m", True),  # its block drafts as deep as its fitted 16-node tree goes
     ("lookup_first", False),
-  ]
-  for method, tree in cases:
-    lm = SpeculativeLM(target, method, k=3, tree=tree, max_new_tokens=24)
-    assert lm.method.loop == ("tree" if tree else "chain")
-    if method == "peagle-smollm2-135m":
-      assert lm.method.drafter.tree.max_depth == lm.method.drafter.block.k
-    out = lm.generate(QUESTIONS)
-    assert [c.tokens for c in out] == [c.tokens for c in ar], (method, tree)
-    assert [c.text for c in out] == [c.text for c in ar]
-    assert all(c.metrics["target_passes"] >= 1 and c.metrics["tau"] >= 1 for c in out)
-    if method != "prompt_lookup":  # a trained head is accepted sometimes on every row
-      assert sum(c.metrics["accepted"] for c in out) > 0, method
+  ],
+)
+def test_methods_by_name_equal_ar_row_by_row(target, ar, method, tree):
+  lm = SpeculativeLM(target, method, k=3, tree=tree, max_new_tokens=24)
+  assert lm.method.loop == ("tree" if tree else "chain")
+  if method == "peagle-smollm2-135m":
+    assert lm.method.drafter.tree.max_depth == lm.method.drafter.block.k
+  out = lm.generate(QUESTIONS)
+  assert [c.tokens for c in out] == [c.tokens for c in ar], (method, tree)
+  assert [c.text for c in out] == [c.text for c in ar]
+  assert all(c.metrics["target_passes"] >= 1 and c.metrics["tau"] >= 1 for c in out)
+  if method != "prompt_lookup":  # a trained head is accepted sometimes on every row
+    assert sum(c.metrics["accepted"] for c in out) > 0, method
 
 
 @pytest.mark.parametrize(
   "name", ["eagle3-smollm2-135m", "medusa4-smollm2-135m", "pard-smollm2-135m"]
 )
-def test_bfloat16_drafter_weights_keep_the_output(target, name):
+def test_bfloat16_drafter_weights_keep_the_output(target, ar, name):
   import jax
   import jax.numpy as jnp
 
-  ar = SpeculativeLM(target, "ar", max_new_tokens=24).generate(QUESTIONS)
   config = {"drafter.weights_dtype": "bfloat16"}
   lm = SpeculativeLM(target, name, k=3, max_new_tokens=24, config=config)
   target_ids = {id(x) for x in jax.tree.leaves(target.params)}

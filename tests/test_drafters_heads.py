@@ -35,6 +35,7 @@ from specjax.drafters import (
 from specjax.drafters.draft_vocab import scatter_logq, target_to_draft, top_tokens
 from specjax.drafters.eagle import draft_head
 from specjax.drafters.medusa import MedusaState
+from specjax.drafters.shipped import list_shipped, load_shipped
 from specjax.generate import GenerateConfig, generate, pad_prompts, prefill
 from specjax.kv_cache import init_cache
 from specjax.metrics import summarize
@@ -328,27 +329,28 @@ def test_sampling_negative_control_fails():
   assert _gof(tokens, probs) < 1e-8
 
 
-@pytest.mark.slow
-def test_shipped_drafters_on_smollm2(smollm2):
-  """Every shipped drafter loads (checksum, shapes), decodes SmolLM2 greedily token-identically
-  to AR, and is accepted often enough that its state indexing must be right."""
-  from specjax.drafters.shipped import list_shipped, load_shipped
-
-  names = list_shipped()
-  if not names:
-    pytest.skip("no shipped drafters")
+@pytest.fixture(scope="module")
+def smollm2_ar(smollm2):
+  """Two chat prompts for SmolLM2 and its AR greedy continuation of them (48 new tokens)."""
   tok = smollm2.tokenizer
   questions = ["Explain why the sky is blue.", "Write a short poem about autumn leaves."]
   P, L = pad_prompts([tok.encode_chat([{"role": "user", "content": q}]) for q in questions], 32)
   gen = GenerateConfig(max_new_tokens=48, stop_tokens=tok.stop_ids)
-  ar = generate(smollm2.params, smollm2.cfg, P, L, gen)
-  for name in names:
-    shipped = load_shipped(name, smollm2.params, smollm2.cfg)
-    out = speculative_generate(
-      smollm2.params, smollm2.cfg, shipped.drafter(4), shipped.params, P, L, gen
-    )
-    np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens), err_msg=name)
-    s = summarize(out.metrics)
-    # A drafter whose state or vocabulary indexing is off by one agrees with the target almost never
-    # (~0 of ~80 first drafts); every shipped one agrees on >= 10% of first drafts here.
-    assert s["accept_per_pass_at"][0] > 0.08, (name, s)
+  return P, L, gen, generate(smollm2.params, smollm2.cfg, P, L, gen)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list_shipped())  # one test each, so that workers share them
+def test_shipped_drafters_on_smollm2(smollm2, smollm2_ar, name):
+  """A shipped drafter loads (checksum, shapes), decodes SmolLM2 greedily token-identically to AR,
+  and is accepted often enough that its state indexing must be right."""
+  P, L, gen, ar = smollm2_ar
+  shipped = load_shipped(name, smollm2.params, smollm2.cfg)
+  out = speculative_generate(
+    smollm2.params, smollm2.cfg, shipped.drafter(4), shipped.params, P, L, gen
+  )
+  np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(ar.tokens), err_msg=name)
+  s = summarize(out.metrics)
+  # A drafter whose state or vocabulary indexing is off by one agrees with the target almost never
+  # (~0 of ~80 first drafts); every shipped one agrees on >= 10% of first drafts here.
+  assert s["accept_per_pass_at"][0] > 0.08, (name, s)
