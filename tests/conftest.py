@@ -9,10 +9,10 @@ import os
 import pytest
 
 # The tests compile many programs and run few steps of each. XLA's backend optimisation level 0
-# compiles faster (the whole suite on 2 cores: 1,102 s -> 924 s, forty-fourth session), and every
-# comparison a test makes (speculative against AR, sampled against exact) is between programs
-# compiled alike. An XLA_FLAGS that names a level keeps it; the benchmarks, the experiments and
-# the README's main job run at XLA's default.
+# compiles faster (the whole suite on 2 cores: 1,102 s -> 924 s, forty-fourth session). The exactness
+# tests compare programs compiled alike (speculative against AR, sampled against exact), and the
+# parity tests against transformers pass within their tolerances. An XLA_FLAGS that names a level
+# keeps it; the benchmarks, the experiments and the README's main job run at XLA's default.
 _OPT_LEVEL = "--xla_backend_optimization_level"
 if _OPT_LEVEL not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_OPT_LEVEL}=0".strip()
