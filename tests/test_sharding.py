@@ -5,8 +5,8 @@ The mesh tests need 8 devices, and JAX fixes the CPU device count when it initia
 SPECJAX_FAKE_DEVICES=8 (this module then sets `jax_num_cpu_devices` before JAX starts). The child
 keeps the CPU FFI kernels on: the unsharded references use them (one device), the partitioned runs
 must fall back to plain JAX (`specjax.kernels.dispatch`) instead of gathering every weight for the
-kernels' custom calls. Like every test process it runs at XLA's backend optimisation level 0
-(`tests/conftest.py`); partitioning, and so the collectives checked here, happen before the backend.
+kernels' custom calls. It lowers XLA's backend optimisation level to cut compile time;
+partitioning, and so the collectives checked here, happen before the backend.
 
 The tiny models' dimensions (D 48, H*Dh 64, Hkv*Dh 32, F 160, V 384) are chosen so that no activation
 or cache shape contains a weight matrix's pair of dimensions, which is what `weight_gathers` looks for.
@@ -185,6 +185,7 @@ def test_collective_parser_reads_result_shapes():
 @pytest.mark.skipif(bool(_FAKE), reason="this is the parent of the fake-device run")
 def test_mesh_suite_on_fake_devices():
   env = dict(os.environ, SPECJAX_FAKE_DEVICES="8")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
   cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k"]
   res = subprocess.run(cmd + ["on_mesh"], env=env, capture_output=True, text=True, timeout=900)
   tail = (res.stdout + res.stderr)[-6000:]
@@ -205,6 +206,7 @@ def test_two_processes_decode_like_one():
 
   env = dict(os.environ, JAX_NUM_CPU_DEVICES="4", JAX_CPU_COLLECTIVES_IMPLEMENTATION="gloo")
   env.update(SPECJAX_CPU_KERNELS="0")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
   port = _free_port()
   cmd = [sys.executable, "-m", "specjax.distributed", f"--coordinator_address=localhost:{port}"]
   cmd += ["--num_processes=2", "--mesh=2,4", "--smoke_decode"]

@@ -443,6 +443,7 @@ def test_batch_axes_fork_and_group_take_match_flat_gathers():
 @pytest.mark.skipif(bool(_FAKE), reason="this is the parent of the fake-device run")
 def test_mesh_checks_on_fake_devices():
   env = dict(os.environ, SPECJAX_FAKE_DEVICES="8", SPECJAX_CPU_KERNELS="0")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0").strip()
   cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k"]
   res = subprocess.run(cmd + ["on_mesh"], env=env, capture_output=True, text=True, timeout=600)
   tail = (res.stdout + res.stderr)[-6000:]
