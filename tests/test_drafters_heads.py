@@ -339,7 +339,6 @@ def smollm2_ar(smollm2):
   return P, L, gen, generate(smollm2.params, smollm2.cfg, P, L, gen)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name", list_shipped())  # one test each, so that workers share them
 def test_shipped_drafters_on_smollm2(smollm2, smollm2_ar, name):
   """A shipped drafter loads (checksum, shapes), decodes SmolLM2 greedily token-identically to AR,

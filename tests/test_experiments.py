@@ -511,7 +511,6 @@ def test_run_py_end_to_end_and_resume(target, spec_bench, tmp_path):
   assert bad.returncode != 0 and "unknown config field 'nope'" in bad.stderr
 
 
-@pytest.mark.slow
 def test_smollm2_on_a_real_spec_bench_prompt(smollm2, tmp_path):
   try:
     path = tasks.find_spec_bench()

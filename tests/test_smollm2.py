@@ -23,8 +23,6 @@ from specjax.generate import GenerateConfig, generate, pad_prompts
 from specjax.kv_cache import init_cache
 from specjax.model import forward
 
-pytestmark = pytest.mark.slow
-
 LOGIT_ATOL = 2e-3
 GOLDEN_PATH = os.path.join(os.path.dirname(__file__), "fixtures", "smollm2_golden.json")
 with open(GOLDEN_PATH) as f:

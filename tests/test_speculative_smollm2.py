@@ -9,8 +9,6 @@ from specjax.drafters import DraftModelDrafter, PromptLookupDrafter
 from specjax.metrics import summarize
 from specjax.speculative import speculative_generate
 
-pytestmark = pytest.mark.slow
-
 
 def test_ar_rows_end_at_different_times(smollm2_chat, smollm2):
   b = smollm2_chat

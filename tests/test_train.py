@@ -849,7 +849,6 @@ def test_decontaminator_flags_a_long_shared_phrase_below_the_ngram_threshold():
   assert decontam.Decontaminator({"x": [teacher]}).is_clean("This could include a short quiz.")
 
 
-@pytest.mark.slow
 def test_training_prompts_exclude_every_evaluation_prompt(smollm2):
   """Every shipped drafter was trained on a committed corpus (sha256 and generating target
   recorded); each such corpus's prompt list is rebuilt from the recorded order and checked by a

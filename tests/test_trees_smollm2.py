@@ -10,8 +10,6 @@ from specjax.metrics import summarize
 from specjax.tree_speculative import tree_speculative_generate
 from specjax.trees import StaticTree
 
-pytestmark = pytest.mark.slow
-
 
 @pytest.mark.parametrize("kind", ["static", "dynamic", "eagle1_dynamic"])
 def test_greedy_tree_identical_batch(smollm2_chat, smollm2, kind):
