@@ -18,9 +18,9 @@ a reader can tell whether the target is above noise on a task.
       --sweep=1x2,4x2,1x4,2x4,4x4,8x4
   python benchmarks/smc_sweep.py --acc_only --acc_n=24 --acc_max_new_tokens=256
 
-The drafter is a shipped one that yields q (`--drafter`, default the 2-layer reduced-vocabulary draft
-LM; `eagle1-smollm2-135m` also yields q but was not run here), or `truncated:L`, the first L target
-layers (untrained).
+The drafter is a shipped one that yields q (`--drafter`: default the EAGLE-3 head, whose samples sit
+closest to the target's of the drafters measured; `draft-lm2-smollm2-135m`, the 2-layer draft LM, and
+`eagle1-smollm2-135m` also yield q), or `truncated:L`, the first L target layers (untrained).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ _MODEL = flags.DEFINE_string(
   "model", "smollm2-135m-instruct", "Target: registry name, HF dir, .gguf."
 )
 _DRAFTER = flags.DEFINE_string(
-  "drafter", "draft-lm2-smollm2-135m", "A shipped drafter name, or truncated:L (first L layers)."
+  "drafter", "eagle3-smollm2-135m", "A shipped drafter name, or truncated:L (first L layers)."
 )
 _PER_CATEGORY = flags.DEFINE_integer("per_category", 1, "Spec-Bench prompts per category.")
 _N_GSM8K = flags.DEFINE_integer("n_gsm8k", 4, "GSM8K test problems.")
