@@ -187,14 +187,14 @@ def _np(t):
 # ---------------------------------------------------------------- EAGLE-1 / EAGLE-2
 
 
-def test_eagle_round_trip_pickle_with_bias(tmp_path):
+def test_eagle_round_trip_with_bias(tmp_path):
   torch.manual_seed(0)
   m = _Eagle1(n_layers=2, bias=True)
   d = _write(
     tmp_path / "e",
     _llama_config(num_hidden_layers=2, bias=True),
     m.state_dict(),
-    "pytorch_model.bin",
+    "model.safetensors",
   )
   params, hc = load_eagle(d, TARGET)
   assert hc.kind == "eagle" and hc.fc_bias and hc.layer.n_layers == 2
@@ -258,7 +258,7 @@ def test_eagle3_round_trip_with_draft_vocabulary(tmp_path):
   draft_tokens = np.sort(np.random.RandomState(0).choice(64, 40, replace=False))
   m = _Eagle3(draft_tokens)
   config = _llama_config(architectures=["LlamaForCausalLMEagle3"], draft_vocab_size=40)
-  d = _write(tmp_path / "e", config, m.state_dict(), "pytorch_model.bin")
+  d = _write(tmp_path / "e", config, m.state_dict(), "model.safetensors")
   params, hc = load_eagle3(d, TARGET)
   assert hc.kind == "eagle3" and hc.draft_vocab_size == 40
   assert hc.target_layers == (1, 2, 2)  # inputs of layers 2, L // 2, L - 3 for L = 6
@@ -304,7 +304,7 @@ def test_eagle3_errors(tmp_path, edit, match):
   state = dict(_Eagle3(draft_tokens).state_dict())
   config = _llama_config(draft_vocab_size=40)
   edit(state, config)
-  d = _write(tmp_path / "e", config, state, "pytorch_model.bin")
+  d = _write(tmp_path / "e", config, state, "model.safetensors")
   with pytest.raises(CheckpointError, match=match):
     load_eagle3(d, TARGET)
 
@@ -313,7 +313,7 @@ def test_eagle3_errors(tmp_path, edit, match):
 
 
 @pytest.mark.parametrize(
-  "prefix, file", [("medusa_head.", "model.safetensors"), ("", "medusa_lm_head.pt")]
+  "prefix, file", [("medusa_head.", "model.safetensors"), ("", "medusa_lm_head.safetensors")]
 )
 def test_medusa_round_trip_and_logits_match_torch(tmp_path, prefix, file):
   torch.manual_seed(2)
@@ -372,6 +372,18 @@ def test_wrong_kind_is_a_clear_error(tmp_path):
   with pytest.raises(CheckpointError, match="holds a eagle checkpoint.*not medusa"):
     load_head(de, TARGET, kind="medusa")
   assert detect_kind(["lm_head.weight", "model.norm.weight"]) is None
+
+
+@pytest.mark.parametrize(
+  "file, converted",
+  [("pytorch_model.bin", "model.safetensors"), ("medusa_lm_head.pt", "medusa_lm_head.safetensors")],
+)
+def test_pickles_are_refused_with_the_conversion(tmp_path, file, converted):
+  """Weights load from safetensors only: a pickle is refused before it is opened, and the error
+  gives the one-line conversion to the file name the loader reads."""
+  d = _write(tmp_path / "p", _llama_config(), _Eagle1().state_dict(), file)
+  with pytest.raises(CheckpointError, match=rf"PyTorch pickle.*safetensors only.*'{converted}'"):
+    load_head(d, TARGET)
 
 
 def test_directory_problems(tmp_path):

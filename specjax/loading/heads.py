@@ -1,7 +1,8 @@
 """Strict loaders for published speculative-head checkpoints: EAGLE-1/2, EAGLE-3 and Medusa-1.
 
-A head checkpoint is a directory with a `config.json` and one weights file (safetensors, or a
-PyTorch pickle read with `torch.load(weights_only=True)` when torch is installed). Every expected
+A head checkpoint is a directory with a `config.json` and one safetensors weights file; a PyTorch
+pickle in its place (`pytorch_model.bin`, `medusa_lm_head.pt`) is refused with the one-line
+conversion, since loading a pickle can run code. Every expected
 tensor must be present exactly once with its exact shape, nothing unexpected may remain, and the
 head must fit the target (width, vocabulary, layer count); anything else raises `CheckpointError`
 naming the tensor or field. Layouts (tensor names as published, our fields in parentheses):
@@ -56,9 +57,13 @@ KINDS = ("eagle", "eagle3", "medusa")
 WEIGHT_FILES = (
   "model.safetensors",
   "medusa_lm_head.safetensors",
-  "pytorch_model.bin",
+  "pytorch_model.bin",  # refused, with the conversion to the safetensors name below
   "medusa_lm_head.pt",
 )
+PICKLE_TO_SAFETENSORS = {
+  "pytorch_model.bin": "model.safetensors",
+  "medusa_lm_head.pt": "medusa_lm_head.safetensors",
+}
 _LAYER_NAMES = {
   "wq": "self_attn.q_proj.weight",
   "wk": "self_attn.k_proj.weight",
@@ -182,21 +187,16 @@ def read_head_dir(directory: str) -> tuple[dict, dict[str, np.ndarray], str]:
     found = present or sorted(os.listdir(directory))
     raise CheckpointError(f"expected exactly one of {WEIGHT_FILES} in {directory}, found {found}")
   path = os.path.join(directory, present[0])
-  if present[0].endswith(".safetensors"):
-    return config, dict(load_file(path)), present[0]
-  try:
-    import torch
-  except ImportError as e:
+  if not present[0].endswith(".safetensors"):
+    converted = PICKLE_TO_SAFETENSORS[present[0]]
     raise CheckpointError(
-      f"{path} is a PyTorch pickle; install torch to read it (weights_only) or convert it to "
-      "safetensors"
-    ) from e
-  state = torch.load(path, map_location="cpu", weights_only=True)
-  return (
-    config,
-    {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()},
-    present[0],
-  )
+      f"{path} is a PyTorch pickle; specjax reads weights from safetensors only (loading a pickle "
+      'can run code). Convert it once, where you trust the file: python -c "import torch; '
+      "from safetensors.torch import save_file; "
+      f"save_file(torch.load('{present[0]}', weights_only=True), '{converted}')\" in {directory}, "
+      "then remove the pickle"
+    )
+  return config, dict(load_file(path)), present[0]
 
 
 def detect_kind(names) -> str | None:
