@@ -87,8 +87,9 @@ def test_point_mass_draft_matches_target():
 def test_negative_control_resample_from_p_fails():
   """The same test has the power to catch a real bug."""
   p, q = _dists(0)
-  first, _ = run_rule(ResampleFromPRule(), p, q)
+  first, second = run_rule(ResampleFromPRule(), p, q)
   assert chi2_pvalue(first, p[0]) < 1e-12
+  assert chi2_pvalue(second[second >= 0], p[1]) < 1e-8
   first, _ = run_rule(ResampleFromPRule(), p, None, point_mass_draft=[2, 4])
   assert chi2_pvalue(first, p[0]) < 1e-12
 

@@ -390,6 +390,8 @@ def test_adaptive_loop_has_no_host_callbacks_and_no_cache_copies(models):
 
   def cache_copies(*static):
     hlo = _speculative.lower(*args, cfg, drafter, rule, gen, *static).compile().as_text()
+    for sh in shapes:  # the pattern finds the caches, so that 0 copies means none
+      assert sh in hlo, f"no {sh} buffer in the compiled loop: update the cache shapes above"
     return sum(" copy(" in ln and any(sh in ln for sh in shapes) for ln in hlo.splitlines())
 
   assert cache_copies(CONFIG, jnp.asarray(MIXED.step_costs)) <= cache_copies()

@@ -255,6 +255,25 @@ def test_run_suite_records_and_resumes(target, spec_bench, tmp_path):
   assert [r["prompt_id"] for r in runner_lib.read_records(path)] == [1, 2, 3, 4]
 
 
+def test_a_method_one_token_off_ar_is_recorded_as_differing(target, spec_bench):
+  """The harness's lossless checks read the record's `same_as_ar`: its negative control. A method
+  whose answer differs from AR's in one token must be recorded as differing."""
+  settings = small_settings()
+  prompts = tasks.load_spec_bench(spec_bench, settings.categories, 1, settings.turns)
+  runner = make_runner(target, settings)
+  run = runner.run
+
+  def one_token_off(method, ids, key):
+    gen = run(method, ids, key)
+    if method is None:  # AR
+      return gen
+    return dataclasses.replace(gen, tokens=[gen.tokens[0] + 1, *gen.tokens[1:]])
+
+  runner.run = one_token_off
+  record = runner.run_prompt(prompts[0])
+  assert record["methods"]["prompt_lookup_k3"]["same_as_ar"] is False
+
+
 def test_repeats_time_round_robin_and_keep_the_median(target, spec_bench, tmp_path):
   """repeats=3: AR and the method alternate order round to round; each keeps its median time."""
   settings = small_settings(**{"data.categories": "qa"})

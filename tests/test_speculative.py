@@ -178,6 +178,31 @@ SAMPLINGS = [
 ]
 
 
+P4 = np.array([0.5, 0.3, 0.15, 0.05])
+
+
+@pytest.mark.parametrize(
+  "sampling,expected",
+  [
+    (SamplingConfig(temperature=1.0), P4),
+    (SamplingConfig(temperature=0.5), P4**2 / np.sum(P4**2)),
+    (SamplingConfig(temperature=1.0, top_k=3), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]),
+    (SamplingConfig(temperature=1.0, top_p=0.7), [0.625, 0.375, 0.0, 0.0]),  # mass before: .5 < .7
+    (SamplingConfig(temperature=1.0, top_p=0.85), [0.5 / 0.95, 0.3 / 0.95, 0.15 / 0.95, 0.0]),
+    (SamplingConfig(temperature=0.0), [1.0, 0.0, 0.0, 0.0]),
+  ],
+  ids=["t1", "t05", "topk3", "topp07", "topp085", "greedy"],
+)
+def test_sampling_filters_match_hand_computed_distributions(sampling, expected):
+  """The distribution tests take their expected probabilities from `SamplingConfig.logprobs`
+  itself, so a wrong temperature, top-k or top-p would move both sides alike; here each is checked
+  against probabilities worked out by hand, on shuffled vocabulary order."""
+  order = np.array([2, 0, 3, 1])  # token i has probability P4[order[i]]
+  logits = jnp.log(jnp.asarray(P4[order], jnp.float32))[None] + 1.7  # any shift
+  got = np.exp(np.asarray(sampling.logprobs(logits)))[0]
+  np.testing.assert_allclose(got, np.asarray(expected)[order], atol=1e-6)
+
+
 @pytest.fixture(scope="module")
 def small_vocab_models():
   kw = dict(vocab=V_SMALL, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1)
