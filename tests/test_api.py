@@ -81,6 +81,8 @@ def test_a_multi_turn_chat_is_a_list_of_messages(target):
   ]
   (c,) = lm.generate([chat])
   assert c.tokens and c.text == target.tokenizer.decode(c.tokens)
+  (alone,) = lm.generate([chat[-1:]])
+  assert c.tokens != alone.tokens, c.text  # the earlier turns reach the model
 
 
 def test_bad_requests_name_the_problem():

@@ -200,6 +200,8 @@ def test_consistency_over_cycles_with_resampling(toy):
   assert (np.asarray(out.target_passes) == 2).all()
   marg = pi.sum(axis=(0, 2, 4))  # (t2, t4): the two drafted positions
   assert _tv(tokens[:, [1, 3]], marg) < 0.03
+  one = _run(toy, 1, 5, seed=3, ess_threshold=1.0)[0]  # the draft alone: what there is to fix
+  assert _tv(one[:, [1, 3]], marg) > 0.1
   ess = np.asarray(out.ess)
   assert ((ess[:, :2] >= 1) & (ess[:, :2] <= 32)).all()
 

@@ -534,6 +534,14 @@ def test_loop_sampling_distribution(small_vocab):
   assert pvalue > 1e-4, "BlockTreeDrafter"
 
 
+def test_loop_negative_control_fails(small_vocab):
+  """The whole-loop test has the power to catch a wrong rule inside `tree_speculative_generate`."""
+  drafter = StaticTreeDrafter(small_vocab[3], StaticTree.full((2, 2)), sample_children=True)
+  pvalue, s = _loop_pvalue(small_vocab, drafter, FallbackFromPRule("without_replacement"))
+  assert s["accepted"] > 10_000, s
+  assert pvalue < 1e-8
+
+
 def test_dynamic_trees_are_well_formed(models):
   target, cfg, draft, dcfg = models
   drafter = DynamicTreeDrafter(dcfg, top_k=3, depth=3, n_nodes=10)
