@@ -213,6 +213,8 @@ def test_eagle_without_bias_safetensors(tmp_path):
   d = _write(tmp_path / "e", _llama_config(bias=False), m.state_dict(), "model.safetensors")
   params, hc = load_eagle(d, TARGET)
   assert params.b_in is None and params.embed is None and not hc.fc_bias
+  np.testing.assert_array_equal(params.w_in, _np(m.fc.weight))
+  np.testing.assert_array_equal(params.layers.wq[0], _np(m.layers[0].self_attn.q_proj.weight))
 
 
 def test_eagle_bias_mismatches_are_errors(tmp_path):
