@@ -2,7 +2,9 @@
 1 residual block each, an LM head per head).
 
 Planned for one 80 GB GPU (mesh 1 x 1), batch 8, 2048 cache slots per row (Vicuna's context).
-Weights are read from local directories (nothing is downloaded):
+Weights are read from local directories (nothing is downloaded), from safetensors only: where the
+heads come as the pickle `medusa_lm_head.pt`, convert them once to `medusa_lm_head.safetensors` (the
+loader's error prints the one-line conversion):
 
   python -m specjax.deploy --config=configs/large/vicuna7b_medusa.py
   python -m specjax.deploy --config=configs/large/vicuna7b_medusa.py \
