@@ -54,16 +54,11 @@ from specjax.loading.keymap import CheckpointError
 from specjax.model import LayerParams
 
 KINDS = ("eagle", "eagle3", "medusa")
-WEIGHT_FILES = (
-  "model.safetensors",
-  "medusa_lm_head.safetensors",
-  "pytorch_model.bin",  # refused, with the conversion to the safetensors name below
-  "medusa_lm_head.pt",
-)
-PICKLE_TO_SAFETENSORS = {
+PICKLE_TO_SAFETENSORS = {  # pickles are recognised only to be refused, naming the conversion
   "pytorch_model.bin": "model.safetensors",
   "medusa_lm_head.pt": "medusa_lm_head.safetensors",
 }
+WEIGHT_FILES = (*PICKLE_TO_SAFETENSORS.values(), *PICKLE_TO_SAFETENSORS)
 _LAYER_NAMES = {
   "wq": "self_attn.q_proj.weight",
   "wk": "self_attn.k_proj.weight",
